@@ -1,0 +1,264 @@
+/* calls.c: the system calls of the SDK: ping (sync and async), info, echo. */
+#include "internal.h"
+#include "shim.pb-c.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int send_ping(struct call *k, uint64_t deadline, struct sbx_error *err)
+{
+	uint8_t p[8];
+	frame_put_u32(p, (uint32_t)(k->ping_seq >> 32));
+	frame_put_u32(p + 4, (uint32_t)k->ping_seq);
+	return sbx__send(k->client, 0, FRAME_PING, 0, p, sizeof(p), deadline, err);
+}
+
+SBX_API int sbx_ping(struct sbx_client *c, const struct sbx_call_opts *opts, uint64_t *rtt_ns, struct sbx_error *err)
+{
+	uint64_t deadline = sbx__deadline(c, opts);
+	struct call *k = sbx__call_new(c, false);
+	if (k == NULL)
+		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	int rc = send_ping(k, deadline, err);
+	if (rc == 0)
+		rc = sbx__call_wait(k, deadline, opts ? opts->cancel : NULL, err);
+	if (rc == 0 && k->err.kind != SBX_ERR_NONE)
+		rc = -1, sbx__copy_error(err, &k->err);
+	if (rc == 0 && rtt_ns != NULL)
+		*rtt_ns = sbx__now_ns() - k->start_ns;
+	sbx__call_free(k);
+	return rc;
+}
+
+static void ping_done(struct call *k)
+{
+	sbx_ping_cb cb = (sbx_ping_cb)(uintptr_t)k->fn;
+	uint64_t rtt = sbx__now_ns() - k->start_ns;
+	if (k->err.kind != SBX_ERR_NONE)
+		cb(k->ud, -1, 0, &k->err);
+	else
+		cb(k->ud, 0, rtt, NULL);
+	free(k->result);
+	free(k);
+}
+
+SBX_API int sbx_ping_async(struct sbx_client *c, sbx_ping_cb cb, void *ud, struct sbx_error *err)
+{
+	struct call *k = sbx__call_new(c, false);
+	if (k == NULL)
+		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	k->fn = (void *)(uintptr_t)cb;
+	k->ud = ud;
+	/* set before sending: the PONG may be routed by another thread at once */
+	pthread_mutex_lock(&c->mu);
+	k->on_done = ping_done;
+	bool dead = k->done;
+	pthread_mutex_unlock(&c->mu);
+	if (dead || send_ping(k, sbx__deadline(c, NULL), err) < 0) {
+		if (dead)
+			sbx__copy_error(err, &k->err);
+		pthread_mutex_lock(&c->mu);
+		/* still registered unless a dying connection already completed it */
+		bool mine = false;
+		for (struct call **pp = &c->calls; *pp != NULL; pp = &(*pp)->next) {
+			if (*pp == k) {
+				*pp = k->next;
+				c->ncalls--;
+				mine = true;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&c->mu);
+		if (mine)
+			free(k);
+		return -1;
+	}
+	return 0;
+}
+
+/* Open a stream with a REQUEST carrying req. */
+static struct call *start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
+				  struct sbx_error *err)
+{
+	struct call *k = sbx__call_new(c, true);
+	if (k == NULL) {
+		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	size_t n = shim__v1__request__get_packed_size(req);
+	uint8_t small[512];
+	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
+	if (buf == NULL) {
+		sbx__call_free(k);
+		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	shim__v1__request__pack(req, buf);
+	int rc = sbx__send(c, k->id, FRAME_REQUEST, 0, buf, n, deadline, err);
+	if (buf != small)
+		free(buf);
+	if (rc < 0) {
+		sbx__call_free(k);
+		return NULL;
+	}
+	return k;
+}
+
+/* Wait for the END of a call that sends nothing more, and decode its Result. */
+static Shim__V1__Result *wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+{
+	for (;;) {
+		if (sbx__call_wait(k, deadline, tok, err) < 0)
+			return NULL;
+		struct rx_item *it = sbx__call_pop(k);
+		if (it == NULL)
+			break; /* done */
+		free(it);      /* DATA or EVENT this caller does not want */
+	}
+	if (k->err.kind != SBX_ERR_NONE) {
+		sbx__copy_error(err, &k->err);
+		return NULL;
+	}
+	Shim__V1__Result *r = shim__v1__result__unpack(NULL, k->result_len, k->result);
+	if (r == NULL)
+		sbx__fail(err, SBX_ERR_PROTOCOL, EBADMSG, NULL, "undecodable Result from the shim");
+	return r;
+}
+
+SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_info *out,
+		     struct sbx_error *err)
+{
+	uint64_t deadline = sbx__deadline(c, opts);
+	Shim__V1__InfoRequest ir = SHIM__V1__INFO_REQUEST__INIT;
+	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
+	req.kind_case = SHIM__V1__REQUEST__KIND_INFO;
+	req.info = &ir;
+	struct call *k = start_request(c, &req, deadline, err);
+	if (k == NULL)
+		return -1;
+	Shim__V1__Result *r = wait_result(k, deadline, opts ? opts->cancel : NULL, err);
+	sbx__call_free(k);
+	if (r == NULL)
+		return -1;
+	if (r->kind_case != SHIM__V1__RESULT__KIND_INFO) {
+		shim__v1__result__free_unpacked(r, NULL);
+		return sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim answered info with another result");
+	}
+	const Shim__V1__InfoReply *i = r->info;
+	memset(out, 0, sizeof(*out));
+	snprintf(out->shim_version, sizeof(out->shim_version), "%s", i->shim_version);
+	out->protocol_version = i->protocol_version;
+	size_t off = 0;
+	for (size_t f = 0; f < i->n_features; f++) {
+		int n = snprintf(out->features + off, sizeof(out->features) - off, "%s%s", f ? " " : "",
+				 i->features[f]);
+		if (n < 0 || (size_t)n >= sizeof(out->features) - off)
+			break;
+		off += (size_t)n;
+	}
+	out->uptime_ms = i->uptime_ms;
+	out->pid = i->pid;
+	out->pid1 = i->pid1;
+	out->uid = i->uid;
+	out->gid = i->gid;
+	snprintf(out->hostname, sizeof(out->hostname), "%s", i->hostname ? i->hostname : "");
+	snprintf(out->boot_id, sizeof(out->boot_id), "%s", i->boot_id ? i->boot_id : "");
+	out->connections = i->connections;
+	out->streams = i->streams;
+	out->processes = i->processes;
+	out->mounts = i->mounts;
+	out->rss_bytes = i->rss_bytes;
+	out->load[0] = i->load1;
+	out->load[1] = i->load5;
+	out->load[2] = i->load15;
+	out->max_connections = i->max_connections;
+	out->max_streams = i->max_streams;
+	out->workers = i->workers;
+	shim__v1__result__free_unpacked(r, NULL);
+	return 0;
+}
+
+SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, const void *data, size_t len, void *out,
+		     struct sbx_error *err)
+{
+	uint64_t deadline = sbx__deadline(c, opts);
+	struct sbx_cancel *tok = opts ? opts->cancel : NULL;
+	Shim__V1__EchoRequest er = SHIM__V1__ECHO_REQUEST__INIT;
+	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
+	req.kind_case = SHIM__V1__REQUEST__KIND_ECHO;
+	req.echo = &er;
+	struct call *k = start_request(c, &req, deadline, err);
+	if (k == NULL)
+		return -1;
+	const uint8_t *src = data;
+	uint8_t *dst = out;
+	size_t sent = 0, got = 0;
+	bool fin_sent = false, fin_got = false;
+	int rc = 0;
+	uint32_t chunk_max = c->max_frame;
+	/* Send while we have credit, otherwise take in what came back: both directions
+	 * are bounded by their windows, so neither side buffers more than that. */
+	while (rc == 0 && (!fin_sent || !fin_got)) {
+		if (!fin_sent) {
+			pthread_mutex_lock(&c->mu);
+			int64_t credit = k->send_credit;
+			pthread_mutex_unlock(&c->mu);
+			if (credit > 0 || sent == len) {
+				size_t n = len - sent;
+				if (n > (size_t)credit)
+					n = (size_t)credit;
+				if (n > chunk_max)
+					n = chunk_max;
+				bool fin = sent + n == len;
+				pthread_mutex_lock(&c->mu);
+				k->send_credit -= (int64_t)n;
+				pthread_mutex_unlock(&c->mu);
+				rc = sbx__send(c, k->id, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, src + sent, n, deadline,
+					       err);
+				sent += n;
+				fin_sent = fin;
+				continue;
+			}
+		}
+		struct rx_item *it = sbx__call_pop(k);
+		if (it == NULL) {
+			if (sbx__call_done(k)) {
+				if (k->err.kind != SBX_ERR_NONE)
+					rc = -1, sbx__copy_error(err, &k->err);
+				else
+					rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "echo stream ended early");
+				break;
+			}
+			rc = sbx__call_wait_io(k, !fin_sent, deadline, tok, err);
+			continue;
+		}
+		if (it->type == FRAME_DATA) {
+			if (got + it->len > len) {
+				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "echo returned more than was sent");
+			} else {
+				memcpy(dst + got, it->data, it->len);
+				got += it->len;
+				if (it->flags & FRAME_FLAG_FIN)
+					fin_got = true;
+				else
+					rc = sbx__call_grant(k, it->len, deadline, err);
+			}
+		}
+		free(it);
+	}
+	if (rc == 0) {
+		Shim__V1__Result *r = wait_result(k, deadline, tok, err);
+		if (r == NULL) {
+			rc = -1;
+		} else {
+			if (r->kind_case != SHIM__V1__RESULT__KIND_ECHO || r->echo->bytes != len || got != len)
+				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL,
+					       "echo came back with %zu of %zu bytes", got, len);
+			shim__v1__result__free_unpacked(r, NULL);
+		}
+	}
+	sbx__call_free(k);
+	return rc;
+}

@@ -1,0 +1,966 @@
+/* client.c: a connection to a shim: handshake, the reader role, routing frames to calls. */
+#include "internal.h"
+#include "describe.h"
+#include "shim.pb-c.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define IN_START (64u << 10)
+
+uint64_t sbx__now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t deadline_after(int ms)
+{
+	if (ms < 0)
+		return UINT64_MAX;
+	return sbx__now_ns() + (uint64_t)ms * 1000000u;
+}
+
+uint64_t sbx__deadline(struct sbx_client *c, const struct sbx_call_opts *opts)
+{
+	int ms = opts != NULL ? opts->timeout_ms : 0;
+	if (ms == 0)
+		ms = c->default_timeout_ms > 0 ? c->default_timeout_ms : -1;
+	return deadline_after(ms);
+}
+
+/* Milliseconds until deadline for poll(), capped; 0 if passed. */
+static int poll_ms(uint64_t deadline)
+{
+	if (deadline == UINT64_MAX)
+		return 60000;
+	uint64_t now = sbx__now_ns();
+	if (now >= deadline)
+		return 0;
+	uint64_t ms = (deadline - now + 999999u) / 1000000u;
+	return ms > 60000 ? 60000 : (int)ms;
+}
+
+void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_hdr *h, const uint8_t *p)
+{
+	if (c->trace == NULL)
+		return;
+	char line[1200];
+	int n = snprintf(line, sizeof(line), "%s ", dir);
+	frame_describe(h, p, line + n, sizeof(line) - (size_t)n);
+	c->trace(c->trace_ud, line);
+}
+
+/* ---- the connection dies ---- */
+
+/* With mu held: every call ends with err; the reader stops. */
+static void client_kill(struct sbx_client *c, const struct sbx_error *err)
+{
+	if (c->dead)
+		return;
+	c->dead = true;
+	c->dead_err = *err;
+	for (struct call *k = c->calls; k != NULL; k = k->next) {
+		if (!k->done) {
+			k->done = true;
+			k->err = *err;
+		}
+	}
+	pthread_cond_broadcast(&c->cv);
+}
+
+/* ---- sending ---- */
+
+int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
+	      uint64_t deadline, struct sbx_error *err)
+{
+	uint8_t hdr[FRAME_HDR_LEN];
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
+	frame_put_hdr(hdr, &h);
+	struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)(uintptr_t)p, len}};
+	size_t total = sizeof(hdr) + len, sent = 0;
+	struct sbx_error e;
+	bool broken = false;
+
+	pthread_mutex_lock(&c->wmu);
+	sbx__trace_frame(c, ">", &h, p);
+	while (sent < total) {
+		struct iovec v[2];
+		int n = 0;
+		size_t skip = sent;
+		for (int i = 0; i < 2; i++) {
+			if (skip >= iov[i].iov_len) {
+				skip -= iov[i].iov_len;
+				continue;
+			}
+			v[n].iov_base = (uint8_t *)iov[i].iov_base + skip;
+			v[n].iov_len = iov[i].iov_len - skip;
+			skip = 0;
+			n++;
+		}
+		struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
+		ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+		if (w < 0 && errno == ENOTSOCK)
+			w = writev(c->fd, v, n);
+		if (w >= 0) {
+			sent += (size_t)w;
+			continue;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN) {
+			struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+			int ms = poll_ms(deadline);
+			if (ms > 0 && poll(&pf, 1, ms) >= 0)
+				continue;
+			if (ms > 0)
+				continue; /* EINTR */
+			sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+			/* half a frame on the wire breaks the stream of frames for good */
+			broken = sent > 0;
+			goto fail;
+		}
+		int en = errno;
+		sbx__fail(&e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
+			  strerror(en));
+		broken = true;
+		goto fail;
+	}
+	pthread_mutex_unlock(&c->wmu);
+	return 0;
+fail:
+	pthread_mutex_unlock(&c->wmu);
+	if (broken) {
+		pthread_mutex_lock(&c->mu);
+		client_kill(c, &e);
+		pthread_mutex_unlock(&c->mu);
+	}
+	sbx__copy_error(err, &e);
+	return -1;
+}
+
+/* ---- receiving ---- */
+
+struct pending_pong {
+	uint32_t len;
+	uint8_t data[FRAME_PING_MAX];
+};
+
+static struct call *find_call(struct sbx_client *c, uint32_t id, uint64_t seq)
+{
+	for (struct call *k = c->calls; k != NULL; k = k->next)
+		if (k->id == id && (id != 0 || k->ping_seq == seq))
+			return k;
+	return NULL;
+}
+
+static void unlink_call(struct sbx_client *c, struct call *k)
+{
+	for (struct call **pp = &c->calls; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == k) {
+			*pp = k->next;
+			c->ncalls--;
+			return;
+		}
+	}
+}
+
+static void queue_rx(struct call *k, const struct frame_hdr *h, const uint8_t *p)
+{
+	struct rx_item *it = malloc(sizeof(*it) + h->len);
+	if (it == NULL) {
+		k->done = true;
+		sbx__fail(&k->err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		return;
+	}
+	it->next = NULL;
+	it->type = h->type;
+	it->flags = h->flags;
+	it->len = h->len;
+	memcpy(it->data, p, h->len);
+	if (k->rx_tail != NULL)
+		k->rx_tail->next = it;
+	else
+		k->rx_head = it;
+	k->rx_tail = it;
+	if (h->type == FRAME_DATA)
+		k->rx_bytes += h->len;
+}
+
+/* With mu held: deliver one frame. Async calls that completed are moved to *done_list. */
+static void route(struct sbx_client *c, const struct frame_hdr *h, const uint8_t *p, struct pending_pong *pongs,
+		  unsigned *npongs, struct call **done_list)
+{
+	struct sbx_error e;
+	struct call *k;
+	if (h->stream == 0) {
+		switch (h->type) {
+		case FRAME_PING:
+			if (h->len <= FRAME_PING_MAX && *npongs < 16) {
+				pongs[*npongs].len = h->len;
+				memcpy(pongs[*npongs].data, p, h->len);
+				(*npongs)++;
+			}
+			return;
+		case FRAME_PONG:
+			if (h->len != 8)
+				return;
+			k = find_call(c, 0, (uint64_t)frame_get_u32(p) << 32 | frame_get_u32(p + 4));
+			if (k != NULL)
+				k->done = true;
+			break;
+		case FRAME_ERROR:
+			sbx__decode_error(p, h->len, SBX_ERR_PROTOCOL, &e);
+			client_kill(c, &e);
+			return;
+		default:
+			sbx__fail(&e, SBX_ERR_PROTOCOL, EPROTO, NULL, "unexpected %s frame on stream 0 from the shim",
+				  frame_type_name(h->type));
+			client_kill(c, &e);
+			return;
+		}
+	} else {
+		k = find_call(c, h->stream, 0);
+		if (k == NULL || k->abandoned)
+			return; /* a call we gave up on: late frames are expected */
+		switch (h->type) {
+		case FRAME_DATA:
+		case FRAME_EVENT:
+			queue_rx(k, h, p);
+			break;
+		case FRAME_WINDOW:
+			if (h->len == 4)
+				k->send_credit += frame_get_u32(p);
+			break;
+		case FRAME_END:
+			k->result = malloc(h->len ? h->len : 1);
+			if (k->result == NULL) {
+				sbx__fail(&k->err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+			} else {
+				memcpy(k->result, p, h->len);
+				k->result_len = h->len;
+			}
+			k->done = true;
+			break;
+		case FRAME_ERROR:
+			sbx__decode_error(p, h->len, SBX_ERR_REMOTE, &k->err);
+			k->done = true;
+			break;
+		default:
+			sbx__fail(&e, SBX_ERR_PROTOCOL, EPROTO, NULL, "unexpected %s frame on stream %u from the shim",
+				  frame_type_name(h->type), h->stream);
+			client_kill(c, &e);
+			return;
+		}
+	}
+	if (k != NULL && k->done && k->on_done != NULL) {
+		unlink_call(c, k);
+		k->next = *done_list;
+		*done_list = k;
+	}
+}
+
+static void run_done(struct call *list)
+{
+	while (list != NULL) {
+		struct call *next = list->next;
+		list->on_done(list);
+		list = next;
+	}
+}
+
+/* Async calls still registered when the connection died: finish them too. */
+static struct call *take_dead_async(struct sbx_client *c)
+{
+	struct call *out = NULL;
+	for (struct call **pp = &c->calls; *pp != NULL;) {
+		struct call *k = *pp;
+		if (k->on_done != NULL && k->done) {
+			*pp = k->next;
+			c->ncalls--;
+			k->next = out;
+			out = k;
+		} else {
+			pp = &k->next;
+		}
+	}
+	return out;
+}
+
+/* The reader role: read what arrives within timeout_ms, route whole frames. Called
+ * without mu, by the one thread holding c->reading. */
+static void reader_run(struct sbx_client *c, int timeout_ms)
+{
+	struct sbx_error e;
+	struct pollfd pf[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wakefd, .events = POLLIN}};
+	int r = poll(pf, 2, timeout_ms);
+	if (r <= 0)
+		return;
+	if (pf[1].revents & POLLIN) {
+		uint64_t v;
+		ssize_t n = read(c->wakefd, &v, sizeof(v));
+		(void)n;
+	}
+	if ((pf[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0)
+		return;
+	ssize_t n;
+	do {
+		n = read(c->fd, c->in + c->inlen, c->incap - c->inlen);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == EAGAIN)
+		return;
+
+	struct pending_pong pongs[16];
+	unsigned npongs = 0;
+	struct call *done_list = NULL;
+	pthread_mutex_lock(&c->mu);
+	if (n <= 0) {
+		if (n == 0)
+			sbx__fail(&e, SBX_ERR_CONNECT, ECONNRESET, NULL, "connection closed by the shim");
+		else
+			sbx__fail(&e, SBX_ERR_CONNECT, errno, NULL, "reading from the shim: %s", strerror(errno));
+		client_kill(c, &e);
+	} else {
+		c->inlen += (size_t)n;
+		size_t off = 0;
+		while (!c->dead) {
+			struct frame_hdr h;
+			enum frame_status fs = frame_check(c->in + off, c->inlen - off, c->max_frame, &h);
+			if (fs == FRAME_NEED_MORE) {
+				size_t need = FRAME_HDR_LEN + (size_t)h.len;
+				if (c->inlen - off >= FRAME_HDR_LEN && need > c->incap) {
+					memmove(c->in, c->in + off, c->inlen - off);
+					c->inlen -= off;
+					off = 0;
+					uint8_t *nb = realloc(c->in, need);
+					if (nb == NULL) {
+						sbx__fail(&e, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+						client_kill(c, &e);
+						break;
+					}
+					c->in = nb;
+					c->incap = need;
+				}
+				break;
+			}
+			if (fs != FRAME_OK) {
+				sbx__fail(&e, SBX_ERR_PROTOCOL, fs == FRAME_TOO_BIG ? EMSGSIZE : EPROTO, NULL,
+					  "bad frame from the shim (%s, %u bytes)", frame_type_name(h.type), h.len);
+				client_kill(c, &e);
+				break;
+			}
+			sbx__trace_frame(c, "<", &h, c->in + off + FRAME_HDR_LEN);
+			route(c, &h, c->in + off + FRAME_HDR_LEN, pongs, &npongs, &done_list);
+			off += FRAME_HDR_LEN + h.len;
+		}
+		memmove(c->in, c->in + off, c->inlen - off);
+		c->inlen -= off;
+	}
+	if (c->dead) {
+		struct call *more = take_dead_async(c);
+		while (more != NULL) {
+			struct call *next = more->next;
+			more->next = done_list;
+			done_list = more;
+			more = next;
+		}
+	}
+	pthread_cond_broadcast(&c->cv);
+	bool dead = c->dead;
+	pthread_mutex_unlock(&c->mu);
+	for (unsigned i = 0; i < npongs && !dead; i++)
+		sbx__send(c, 0, FRAME_PONG, 0, pongs[i].data, pongs[i].len, deadline_after(5000), NULL);
+	run_done(done_list);
+}
+
+/* ---- calls ---- */
+
+struct call *sbx__call_new(struct sbx_client *c, bool stream)
+{
+	struct call *k = calloc(1, sizeof(*k));
+	if (k == NULL)
+		return NULL;
+	k->client = c;
+	k->start_ns = sbx__now_ns();
+	pthread_mutex_lock(&c->mu);
+	if (stream) {
+		k->id = c->next_id;
+		c->next_id += 2;
+		k->send_credit = c->peer_window;
+	} else {
+		k->ping_seq = ++c->next_ping;
+	}
+	k->next = c->calls;
+	c->calls = k;
+	c->ncalls++;
+	if (c->dead) {
+		k->done = true;
+		k->err = c->dead_err;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return k;
+}
+
+static void call_abandon_locked(struct call *k)
+{
+	k->abandoned = true;
+	struct rx_item *it = k->rx_head;
+	while (it != NULL) {
+		struct rx_item *next = it->next;
+		free(it);
+		it = next;
+	}
+	k->rx_head = k->rx_tail = NULL;
+	k->rx_bytes = 0;
+}
+
+static bool token_fired(const struct sbx_cancel *tok)
+{
+	return tok != NULL && __atomic_load_n(&tok->fired, __ATOMIC_ACQUIRE);
+}
+
+static void token_attach(struct sbx_cancel *tok, struct sbx_client *c)
+{
+	if (tok == NULL)
+		return;
+	pthread_mutex_lock(&tok->mu);
+	tok->client = c;
+	pthread_mutex_unlock(&tok->mu);
+}
+
+/* Wait with mu held until cond(k) or failure. Takes the reader role when free. */
+static int wait_until(struct call *k, bool (*cond)(const struct call *), uint64_t deadline, struct sbx_cancel *tok,
+		      struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	while (!cond(k)) {
+		if (k->done || c->dead)
+			return 1; /* caller inspects k->err */
+		if (token_fired(tok))
+			return sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
+		uint64_t now = sbx__now_ns();
+		if (now >= deadline)
+			return sbx__fail(err, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out waiting for the shim");
+		if (!c->reading) {
+			c->reading = true;
+			pthread_mutex_unlock(&c->mu);
+			reader_run(c, poll_ms(deadline));
+			pthread_mutex_lock(&c->mu);
+			c->reading = false;
+			pthread_cond_broadcast(&c->cv);
+		} else {
+			struct timespec ts;
+			uint64_t until = deadline;
+			if (until - now > 1000000000u)
+				until = now + 1000000000u;
+			ts.tv_sec = (time_t)(until / 1000000000u);
+			ts.tv_nsec = (long)(until % 1000000000u);
+			pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+		}
+	}
+	return 0;
+}
+
+static bool has_rx(const struct call *k)
+{
+	return k->rx_head != NULL;
+}
+
+static bool has_credit(const struct call *k)
+{
+	return k->send_credit > 0;
+}
+
+/* Common tail of the waits: a failed wait abandons the call (CANCEL goes out). */
+static int finish_wait(struct call *k, int rc)
+{
+	struct sbx_client *c = k->client;
+	if (rc < 0) {
+		bool send_cancel = !k->done && k->id != 0 && !c->dead;
+		call_abandon_locked(k);
+		pthread_mutex_unlock(&c->mu);
+		if (send_cancel)
+			sbx__send(c, k->id, FRAME_CANCEL, 0, NULL, 0, deadline_after(2000), NULL);
+		return -1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, has_rx, deadline, tok, err);
+	if (rc == 1) {
+		rc = 0;
+		if (k->rx_head == NULL && k->err.kind != SBX_ERR_NONE) {
+			sbx__copy_error(err, &k->err);
+			rc = -1;
+		}
+	}
+	rc = finish_wait(k, rc);
+	token_attach(tok, NULL);
+	return rc;
+}
+
+static bool has_rx_or_credit(const struct call *k)
+{
+	return k->rx_head != NULL || k->send_credit > 0;
+}
+
+int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
+		      struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, want_credit ? has_rx_or_credit : has_rx, deadline, tok, err);
+	if (rc == 1)
+		rc = 0; /* done: the caller sees it through sbx__call_done() */
+	rc = finish_wait(k, rc);
+	token_attach(tok, NULL);
+	return rc;
+}
+
+bool sbx__call_done(struct call *k)
+{
+	pthread_mutex_lock(&k->client->mu);
+	bool done = k->done && k->rx_head == NULL;
+	pthread_mutex_unlock(&k->client->mu);
+	return done;
+}
+
+int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, has_credit, deadline, tok, err);
+	if (rc == 1) {
+		/* the stream ended while we wanted to send */
+		if (k->err.kind != SBX_ERR_NONE) {
+			sbx__copy_error(err, &k->err);
+			rc = -1;
+		} else {
+			rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim ended the stream early");
+		}
+	}
+	int64_t credit = k->send_credit;
+	rc = finish_wait(k, rc);
+	token_attach(tok, NULL);
+	return rc < 0 ? -1 : credit;
+}
+
+struct rx_item *sbx__call_pop(struct call *k)
+{
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->mu);
+	struct rx_item *it = k->rx_head;
+	if (it != NULL) {
+		k->rx_head = it->next;
+		if (k->rx_head == NULL)
+			k->rx_tail = NULL;
+		if (it->type == FRAME_DATA)
+			k->rx_bytes -= it->len;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return it;
+}
+
+int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_error *err)
+{
+	uint8_t p[4];
+	if (n == 0)
+		return 0;
+	frame_put_u32(p, n);
+	return sbx__send(k->client, k->id, FRAME_WINDOW, 0, p, sizeof(p), deadline, err);
+}
+
+void sbx__call_free(struct call *k)
+{
+	if (k == NULL)
+		return;
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->mu);
+	bool send_cancel = !k->done && !k->abandoned && k->id != 0 && !c->dead;
+	call_abandon_locked(k);
+	unlink_call(c, k);
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (send_cancel)
+		sbx__send(c, k->id, FRAME_CANCEL, 0, NULL, 0, deadline_after(2000), NULL);
+	free(k->result);
+	free(k);
+}
+
+/* ---- connecting ---- */
+
+static int client_init(struct sbx_client *c, int fd, pid_t child, const struct sbx_connect_opts *o,
+		       struct sbx_error *err)
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_init(&c->wmu, NULL);
+	c->fd = fd;
+	c->child = child;
+	c->next_id = 1;
+	c->max_frame = FRAME_HELLO_MAX;
+	c->my_window = FRAME_DEFAULT_WINDOW;
+	c->default_timeout_ms = o->default_timeout_ms;
+	c->trace = o->trace;
+	c->trace_ud = o->trace_ud;
+	c->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	c->in = malloc(IN_START);
+	c->incap = IN_START;
+	if (c->wakefd < 0 || c->in == NULL)
+		return sbx__fail(err, SBX_ERR_LOCAL, c->wakefd < 0 ? errno : ENOMEM, NULL, "client set-up");
+	return 0;
+}
+
+static void client_destroy(struct sbx_client *c)
+{
+	while (c->calls != NULL) {
+		struct call *k = c->calls;
+		c->calls = k->next;
+		call_abandon_locked(k);
+		free(k->result);
+		free(k);
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	if (c->wakefd >= 0)
+		close(c->wakefd);
+	if (c->child > 0)
+		sbx__transport_reap(c->child);
+	pthread_mutex_destroy(&c->mu);
+	pthread_mutex_destroy(&c->wmu);
+	pthread_cond_destroy(&c->cv);
+	free(c->in);
+	free(c->strings);
+	free(c);
+}
+
+/* Keep HelloReply's strings in one block owned by the client. */
+static int keep_info(struct sbx_client *c, const Shim__V1__HelloReply *r)
+{
+	size_t flen = 1;
+	for (size_t i = 0; i < r->n_features; i++)
+		flen += strlen(r->features[i]) + 1;
+	const char *host = r->hostname ? r->hostname : "";
+	const char *boot = r->boot_id ? r->boot_id : "";
+	size_t total = strlen(r->shim_version) + 1 + flen + strlen(host) + 1 + strlen(boot) + 1;
+	char *s = malloc(total);
+	if (s == NULL)
+		return -1;
+	c->strings = s;
+	c->info.shim_version = s;
+	s = stpcpy(s, r->shim_version) + 1;
+	c->info.features = s;
+	*s = '\0';
+	for (size_t i = 0; i < r->n_features; i++) {
+		if (i > 0)
+			s = stpcpy(s, " ");
+		s = stpcpy(s, r->features[i]);
+	}
+	s++;
+	c->info.hostname = s;
+	s = stpcpy(s, host) + 1;
+	c->info.boot_id = s;
+	stpcpy(s, boot);
+	c->info.protocol_version = r->protocol_version;
+	c->info.max_frame = r->max_frame;
+	c->info.pid = r->pid;
+	c->info.pid1 = r->pid1;
+	c->info.uid = r->uid;
+	return 0;
+}
+
+/* Send HELLO and read frames until HELLO_OK or ERROR. *retry: the peer went away
+ * before answering (a shim still starting, or an exec: child that exited). */
+static int handshake(struct sbx_client *c, const char *token, const char *name, uint64_t deadline, bool *retry,
+		     struct sbx_error *err)
+{
+	Shim__V1__Hello h = SHIM__V1__HELLO__INIT;
+	h.protocol_version = SBX_PROTOCOL_VERSION;
+	h.client_name = (char *)(uintptr_t)name;
+	if (token != NULL && token[0] != '\0') {
+		h.has_token = 1;
+		h.token.data = (uint8_t *)(uintptr_t)token;
+		h.token.len = strlen(token);
+	}
+	h.has_max_frame = h.has_initial_window = 1;
+	h.max_frame = FRAME_DEFAULT_MAX;
+	h.initial_window = c->my_window;
+	uint8_t buf[8192];
+	size_t n = shim__v1__hello__get_packed_size(&h);
+	if (n > sizeof(buf))
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "token too long");
+	shim__v1__hello__pack(&h, buf);
+	if (sbx__send(c, 0, FRAME_HELLO, 0, buf, n, deadline, err) < 0) {
+		*retry = true;
+		err->kind = SBX_ERR_CONNECT;
+		return -1;
+	}
+	for (;;) {
+		struct frame_hdr fh;
+		enum frame_status fs = frame_check(c->in, c->inlen, FRAME_HELLO_MAX, &fh);
+		if (fs == FRAME_OK)
+			break;
+		if (fs != FRAME_NEED_MORE)
+			return sbx__fail(err, SBX_ERR_CONNECT, EPROTO, NULL,
+					 "the peer does not speak shim protocol v1 (bad frame header)");
+		int ms = poll_ms(deadline);
+		struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+		if (ms == 0 || poll(&pf, 1, ms) == 0)
+			return sbx__fail(err, SBX_ERR_CONNECT, ETIMEDOUT, NULL, "timed out waiting for the handshake");
+		ssize_t r = read(c->fd, c->in + c->inlen, c->incap - c->inlen);
+		if (r < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (r <= 0) {
+			*retry = true;
+			return sbx__fail(err, SBX_ERR_CONNECT, r == 0 ? ECONNRESET : errno, NULL,
+					 "connection closed before the handshake completed");
+		}
+		c->inlen += (size_t)r;
+	}
+	struct frame_hdr fh;
+	frame_get_hdr(c->in, &fh);
+	const uint8_t *p = c->in + FRAME_HDR_LEN;
+	sbx__trace_frame(c, "<", &fh, p);
+	int rc = 0;
+	if (fh.type == FRAME_ERROR) {
+		sbx__decode_error(p, fh.len, SBX_ERR_CONNECT, err);
+		rc = -1;
+	} else if (fh.type != FRAME_HELLO_OK || fh.stream != 0) {
+		rc = sbx__fail(err, SBX_ERR_CONNECT, EPROTO, NULL, "expected HELLO_OK, got %s",
+			       frame_type_name(fh.type));
+	} else {
+		Shim__V1__HelloReply *r = shim__v1__hello_reply__unpack(NULL, fh.len, p);
+		if (r == NULL) {
+			rc = sbx__fail(err, SBX_ERR_CONNECT, EBADMSG, NULL, "cannot decode HelloReply");
+		} else if (r->protocol_version != SBX_PROTOCOL_VERSION) {
+			rc = sbx__fail(err, SBX_ERR_CONNECT, EPROTONOSUPPORT, NULL,
+				       "the shim speaks protocol %u, this library %d", r->protocol_version,
+				       SBX_PROTOCOL_VERSION);
+		} else if (keep_info(c, r) < 0) {
+			rc = sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		} else {
+			uint32_t mf = r->max_frame;
+			c->max_frame = mf < FRAME_MIN_MAX ? FRAME_MIN_MAX : mf > FRAME_ABS_MAX ? FRAME_ABS_MAX : mf;
+			c->peer_window = r->initial_window > INT32_MAX ? INT32_MAX : r->initial_window;
+		}
+		if (r != NULL)
+			shim__v1__hello_reply__free_unpacked(r, NULL);
+	}
+	size_t used = FRAME_HDR_LEN + fh.len;
+	memmove(c->in, c->in + used, c->inlen - used);
+	c->inlen -= used;
+	return rc;
+}
+
+static int connect_once(const char *target, const struct sbx_connect_opts *o, const char *token,
+			struct sbx_client **out, bool *retry, struct sbx_error *err)
+{
+	int timeout = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 10000;
+	uint64_t deadline = deadline_after(timeout);
+	int fd;
+	pid_t child = 0;
+	*retry = false;
+	if (sbx__transport_open(target, timeout, &fd, &child, retry, err) < 0)
+		return -1;
+	struct sbx_client *c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		close(fd);
+		sbx__transport_reap(child);
+		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	}
+	c->wakefd = -1;
+	if (client_init(c, fd, child, o, err) < 0) {
+		client_destroy(c);
+		return -1;
+	}
+	char name[64];
+	snprintf(name, sizeof(name), "libsbx/%s", SBX_VERSION);
+	if (handshake(c, token, o->client_name ? o->client_name : name, deadline, retry, err) < 0) {
+		client_destroy(c);
+		return -1;
+	}
+	*out = c;
+	return 0;
+}
+
+SBX_API int sbx_connect(const char *target, const struct sbx_connect_opts *opts, struct sbx_client **out,
+			struct sbx_error *err)
+{
+	struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
+	if (opts != NULL) {
+		/* copy only what the caller's (possibly older, smaller) struct holds */
+		size_t n = opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o);
+		memcpy(&o, opts, n);
+	}
+	if (target == NULL)
+		target = getenv("SBX_TARGET");
+	if (target == NULL || target[0] == '\0')
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no target given and SBX_TARGET is not set");
+	const char *token = o.token != NULL ? o.token : getenv("SBX_TOKEN");
+	uint64_t wait_until_ns = o.wait_ms > 0 ? deadline_after(o.wait_ms) : 0;
+	unsigned backoff_ms = 10;
+	for (;;) {
+		bool retry;
+		struct sbx_error e;
+		if (connect_once(target, &o, token, out, &retry, &e) == 0)
+			return 0;
+		uint64_t now = sbx__now_ns();
+		if (!retry || now + (uint64_t)backoff_ms * 1000000u >= wait_until_ns) {
+			sbx__copy_error(err, &e);
+			return -1;
+		}
+		struct timespec ts = {.tv_sec = backoff_ms / 1000, .tv_nsec = (long)(backoff_ms % 1000) * 1000000};
+		nanosleep(&ts, NULL);
+		backoff_ms = backoff_ms * 2 > 500 ? 500 : backoff_ms * 2;
+	}
+}
+
+SBX_API void sbx_client_close(struct sbx_client *c)
+{
+	if (c == NULL)
+		return;
+	struct sbx_error e;
+	sbx__fail(&e, SBX_ERR_LOCAL, ECONNABORTED, NULL, "client closed");
+	pthread_mutex_lock(&c->mu);
+	client_kill(c, &e);
+	struct call *done_list = take_dead_async(c);
+	pthread_mutex_unlock(&c->mu);
+	run_done(done_list);
+	/* wake a reader in poll; it finds the client dead and returns */
+	uint64_t one = 1;
+	ssize_t w = write(c->wakefd, &one, sizeof(one));
+	(void)w;
+	pthread_mutex_lock(&c->mu);
+	while (c->reading)
+		pthread_cond_wait(&c->cv, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	client_destroy(c);
+}
+
+SBX_API const struct sbx_server_info *sbx_client_server(const struct sbx_client *c)
+{
+	return &c->info;
+}
+
+SBX_API int sbx_client_has_feature(const struct sbx_client *c, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = c->info.features; p != NULL && *p != '\0';) {
+		const char *sp = strchr(p, ' ');
+		size_t len = sp ? (size_t)(sp - p) : strlen(p);
+		if (len == n && memcmp(p, name, n) == 0)
+			return 1;
+		p = sp ? sp + 1 : NULL;
+	}
+	return 0;
+}
+
+SBX_API int sbx_client_fd(const struct sbx_client *c)
+{
+	return c->fd;
+}
+
+SBX_API int sbx_client_process(struct sbx_client *c, struct sbx_error *err)
+{
+	pthread_mutex_lock(&c->mu);
+	if (c->dead) {
+		sbx__copy_error(err, &c->dead_err);
+		pthread_mutex_unlock(&c->mu);
+		return -1;
+	}
+	if (c->reading) {
+		/* another thread is reading and will route what arrives */
+		pthread_mutex_unlock(&c->mu);
+		return 0;
+	}
+	c->reading = true;
+	pthread_mutex_unlock(&c->mu);
+	reader_run(c, 0);
+	pthread_mutex_lock(&c->mu);
+	c->reading = false;
+	pthread_cond_broadcast(&c->cv);
+	int rc = 0;
+	if (c->dead) {
+		sbx__copy_error(err, &c->dead_err);
+		rc = -1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+SBX_API unsigned sbx_client_pending(struct sbx_client *c)
+{
+	pthread_mutex_lock(&c->mu);
+	unsigned n = c->ncalls;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* ---- cancel tokens ---- */
+
+SBX_API struct sbx_cancel *sbx_cancel_new(void)
+{
+	struct sbx_cancel *t = calloc(1, sizeof(*t));
+	if (t != NULL)
+		pthread_mutex_init(&t->mu, NULL);
+	return t;
+}
+
+SBX_API void sbx_cancel_fire(struct sbx_cancel *t)
+{
+	if (t == NULL)
+		return;
+	pthread_mutex_lock(&t->mu);
+	__atomic_store_n(&t->fired, true, __ATOMIC_RELEASE);
+	struct sbx_client *c = t->client;
+	if (c != NULL) {
+		/* wake both kinds of waiter: a reader in poll and threads on the condvar */
+		uint64_t one = 1;
+		ssize_t w = write(c->wakefd, &one, sizeof(one));
+		(void)w;
+		pthread_mutex_lock(&c->mu);
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+	}
+	pthread_mutex_unlock(&t->mu);
+}
+
+SBX_API void sbx_cancel_reset(struct sbx_cancel *t)
+{
+	if (t != NULL)
+		__atomic_store_n(&t->fired, false, __ATOMIC_RELEASE);
+}
+
+SBX_API int sbx_cancel_fired(const struct sbx_cancel *t)
+{
+	return token_fired(t);
+}
+
+SBX_API void sbx_cancel_free(struct sbx_cancel *t)
+{
+	if (t == NULL)
+		return;
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+}

@@ -1,0 +1,121 @@
+/* internal.h: libsbx's private structures: the client, its calls, transports. */
+#ifndef SBX_INTERNAL_H
+#define SBX_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "frame.h"
+#include "sbx.h"
+
+/* A frame received for a call and not yet consumed. */
+struct rx_item {
+	struct rx_item *next;
+	uint8_t type;
+	uint8_t flags;
+	uint32_t len;
+	uint8_t data[];
+};
+
+struct call;
+/* Async completion: runs without the client lock, on whatever thread routed the
+ * final frame. */
+typedef void (*call_done_fn)(struct call *k);
+
+struct call {
+	struct sbx_client *client;
+	struct call *next; /* in client->calls */
+	uint32_t id;       /* stream id; 0 for a ping */
+	uint64_t ping_seq;
+	uint64_t start_ns;
+	struct rx_item *rx_head, *rx_tail;
+	size_t rx_bytes; /* DATA queued, bounded by the window we granted */
+	bool done;       /* END or ERROR arrived (or the connection died) */
+	bool abandoned;  /* the caller gave up: frames for it are dropped */
+	int64_t send_credit;
+	struct sbx_error err; /* when done with an error */
+	uint8_t *result;      /* END payload */
+	size_t result_len;
+	/* async calls */
+	call_done_fn on_done;
+	void *ud;
+	void *fn;
+	/* cancel token attached while a blocking call waits */
+	struct sbx_cancel *cancel;
+};
+
+struct sbx_cancel {
+	pthread_mutex_t mu;
+	bool fired;
+	struct sbx_client *client; /* attached while a call waits on it */
+};
+
+struct sbx_client {
+	pthread_mutex_t mu;  /* calls, rx queues, reader role, state */
+	pthread_cond_t cv;   /* broadcast when frames were routed or the reader role freed */
+	pthread_mutex_t wmu; /* one frame written at a time; never taken before mu */
+	int fd;
+	int wakefd;  /* eventfd: wakes a reader in poll (cancel, close) */
+	pid_t child; /* exec: transport */
+	bool reading;
+	bool dead;
+	struct sbx_error dead_err;
+	uint8_t *in;
+	size_t inlen, incap;
+	uint32_t next_id;
+	uint64_t next_ping;
+	struct call *calls;
+	unsigned ncalls;
+	uint32_t max_frame;
+	uint32_t peer_window; /* DATA credit the shim grants per stream */
+	uint32_t my_window;   /* DATA credit we grant per stream */
+	int default_timeout_ms;
+	sbx_trace_fn trace;
+	void *trace_ud;
+	struct sbx_server_info info;
+	char *strings; /* storage for info's strings */
+};
+
+/* errors.c */
+int sbx__fail(struct sbx_error *err, int kind, int code, const char *path, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+void sbx__copy_error(struct sbx_error *dst, const struct sbx_error *src);
+
+/* transport.c: connect to target, returning a blocking-mode fd (and the child for
+ * exec:). -1 with err; *retry set when waiting may help (nothing listening yet). */
+int sbx__transport_open(const char *target, int timeout_ms, int *fd, pid_t *child, bool *retry, struct sbx_error *err);
+void sbx__transport_reap(pid_t child);
+
+/* client.c */
+uint64_t sbx__now_ns(void);
+/* Absolute deadline for a call; UINT64_MAX for none. */
+uint64_t sbx__deadline(struct sbx_client *c, const struct sbx_call_opts *opts);
+struct call *sbx__call_new(struct sbx_client *c, bool stream);
+/* Send one frame (header + payload) under the write lock; -1 with err. */
+int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
+	      uint64_t deadline, struct sbx_error *err);
+/* Wait until the call has a frame queued or is done. Returns 0, or -1 with err on
+ * timeout, cancel or a dead connection (the call is then abandoned and CANCEL sent). */
+int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
+/* Wait until a frame is queued, the call is done, or (want_credit) DATA credit is
+ * available. 0 or -1 as sbx__call_wait. */
+int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
+		      struct sbx_error *err);
+/* Ended (END or ERROR, or the connection died) with nothing left queued. */
+bool sbx__call_done(struct call *k);
+/* Take the next queued frame (caller frees it); NULL if none. */
+struct rx_item *sbx__call_pop(struct call *k);
+/* Give the shim credit for n more bytes of DATA on the call's stream. */
+int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_error *err);
+/* Wait until the shim has granted credit to send DATA; returns the credit. */
+int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
+/* Forget the call; sends CANCEL first if it is not done. */
+void sbx__call_free(struct call *k);
+/* Turn an ERROR payload into err (kind REMOTE). */
+void sbx__decode_error(const uint8_t *p, size_t len, int kind, struct sbx_error *err);
+void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_hdr *h, const uint8_t *p);
+
+#endif

@@ -1,0 +1,745 @@
+/* conn.c: a client connection: reading and checking frames, bounded output, stream bookkeeping. */
+#include "conn.h"
+#include "dispatch.h"
+#include "frame.h"
+#include "listen.h"
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* Output limits. Producers of DATA stop at the soft limit; past twice that we stop
+ * reading the client's input (a client that sends and never reads stalls only its
+ * own connection); the hard limit closes a connection whose control output alone
+ * keeps growing. */
+#define OUT_SOFT (1u << 20)
+#define OUT_STOP_READ (2u * OUT_SOFT)
+#define OUT_HARD (32u << 20)
+#define CHUNK_MIN (64u << 10)
+#define IN_START (64u << 10)
+#define LINGER_SECONDS 5.0
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void stream_abort(struct stream *st, const struct shim_err *err);
+
+struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, bool need_token, const char *peer)
+{
+	struct conn *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return NULL;
+	c->in = malloc(IN_START);
+	if (c->in == NULL) {
+		free(c);
+		return NULL;
+	}
+	c->incap = IN_START;
+	c->srv = s;
+	c->lst = lst;
+	c->rfd = rfd;
+	c->wfd = wfd;
+	c->need_token = need_token;
+	c->state = CONN_HELLO;
+	c->max_frame = FRAME_HELLO_MAX;
+	snprintf(c->peer, sizeof(c->peer), "%s", peer);
+	fcntl(rfd, F_SETFL, fcntl(rfd, F_GETFL) | O_NONBLOCK);
+	if (wfd != rfd)
+		fcntl(wfd, F_SETFL, fcntl(wfd, F_GETFL) | O_NONBLOCK);
+
+	ev_io_init(&c->rio, conn_read_cb, rfd, EV_READ);
+	ev_io_init(&c->wio, conn_write_cb, wfd, EV_WRITE);
+	ev_io_start(s->loop, &c->rio);
+	c->last_rx = ev_now(s->loop);
+	ev_init(&c->keepalive, keepalive_cb);
+	if (s->cfg.keepalive > 0) {
+		c->keepalive.repeat = s->cfg.keepalive;
+		ev_timer_again(s->loop, &c->keepalive);
+	}
+	ev_init(&c->linger, linger_cb);
+
+	c->next = s->conns;
+	if (s->conns != NULL)
+		s->conns->prev = c;
+	s->conns = c;
+	s->n_conns++;
+	log_info("conn %s: connected", c->peer);
+	return c;
+}
+
+/* ---- output ---- */
+
+static int out_reserve(struct conn *c, size_t need)
+{
+	struct obuf_chunk *t = c->out_tail;
+	if (t != NULL && t->cap - t->len >= need)
+		return 0;
+	size_t cap = need > CHUNK_MIN ? need : CHUNK_MIN;
+	struct obuf_chunk *n = malloc(sizeof(*n) + cap);
+	if (n == NULL)
+		return -1;
+	n->next = NULL;
+	n->len = n->off = 0;
+	n->cap = cap;
+	if (t != NULL)
+		t->next = n;
+	else
+		c->out_head = n;
+	c->out_tail = n;
+	return 0;
+}
+
+void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len)
+{
+	if (c->state == CONN_DEAD)
+		return;
+	if (c->outlen + len > OUT_HARD) {
+		/* Only control frames can get here (DATA stops at the soft limit): the
+		 * client has stopped reading while still asking for answers. */
+		conn_close(c, "output over the hard limit (client not reading)");
+		return;
+	}
+	if (out_reserve(c, FRAME_HDR_LEN + len) < 0) {
+		conn_close(c, "out of memory");
+		return;
+	}
+	struct obuf_chunk *t = c->out_tail;
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
+	frame_put_hdr(t->data + t->len, &h);
+	if (len > 0)
+		memcpy(t->data + t->len + FRAME_HDR_LEN, payload, len);
+	t->len += FRAME_HDR_LEN + len;
+	c->outlen += FRAME_HDR_LEN + len;
+	c->want_flush = true;
+}
+
+size_t conn_room(const struct conn *c)
+{
+	if (c->state != CONN_READY || c->outlen >= OUT_SOFT)
+		return 0;
+	return OUT_SOFT - c->outlen;
+}
+
+/* The blocked list is a FIFO so that streams take turns at the output room. */
+static void blocked_remove(struct conn *c, struct stream *st)
+{
+	struct stream **bp = &c->blocked;
+	struct stream *prev = NULL;
+	while (*bp != NULL && *bp != st) {
+		prev = *bp;
+		bp = &(*bp)->wnext;
+	}
+	if (*bp == NULL)
+		return;
+	*bp = st->wnext;
+	if (c->blocked_tail == st)
+		c->blocked_tail = prev;
+	st->wnext = NULL;
+	st->blocked = false;
+	c->nblocked--;
+}
+
+static void conn_unblock_streams(struct conn *c)
+{
+	/* Visit each stream blocked now once; one that blocks again goes to the tail and
+	 * waits for the next round. A hook may end its stream or even close the
+	 * connection, so the list is re-read from the connection every time. */
+	for (unsigned n = c->nblocked; n > 0 && c->blocked != NULL && c->state == CONN_READY; n--) {
+		struct stream *st = c->blocked;
+		blocked_remove(c, st);
+		if (st->ops != NULL && st->ops->writable != NULL)
+			st->ops->writable(st);
+		if (conn_room(c) == 0)
+			break;
+	}
+}
+
+static void conn_finish_close(struct conn *c);
+
+void conn_flush(struct conn *c)
+{
+	c->want_flush = false;
+	while (c->out_head != NULL) {
+		struct iovec iov[32];
+		int n = 0;
+		for (struct obuf_chunk *k = c->out_head; k != NULL && n < 32; k = k->next) {
+			if (k->len == k->off)
+				continue;
+			iov[n].iov_base = k->data + k->off;
+			iov[n].iov_len = k->len - k->off;
+			n++;
+		}
+		if (n == 0)
+			break;
+		ssize_t w = writev(c->wfd, iov, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				ev_io_start(c->srv->loop, &c->wio);
+				return;
+			}
+			conn_close(c, strerror(errno));
+			return;
+		}
+		c->outlen -= (size_t)w;
+		size_t left = (size_t)w;
+		while (left > 0 || (c->out_head != NULL && c->out_head->off == c->out_head->len)) {
+			struct obuf_chunk *k = c->out_head;
+			if (k == NULL)
+				break;
+			size_t avail = k->len - k->off;
+			size_t take = left < avail ? left : avail;
+			k->off += take;
+			left -= take;
+			if (k->off == k->len) {
+				c->out_head = k->next;
+				if (c->out_head == NULL)
+					c->out_tail = NULL;
+				free(k);
+			}
+		}
+	}
+	if (c->state == CONN_CLOSING) {
+		conn_finish_close(c);
+		return;
+	}
+	if (c->state != CONN_READY && c->state != CONN_HELLO)
+		return;
+	if (!ev_is_active(&c->rio))
+		ev_io_start(c->srv->loop, &c->rio);
+	if (c->blocked != NULL)
+		conn_unblock_streams(c);
+	/* What the streams queued just now goes out when the socket says it is writable,
+	 * which is at once unless the peer is slow: no busy loop, no stall. */
+	if (c->state == CONN_DEAD)
+		return;
+	if (c->outlen > 0)
+		ev_io_start(c->srv->loop, &c->wio);
+	else
+		ev_io_stop(c->srv->loop, &c->wio);
+}
+
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct conn *c = container_of(w, struct conn, wio);
+	conn_flush(c);
+}
+
+/* ---- closing ---- */
+
+static void conn_unlink(struct conn *c)
+{
+	struct server *s = c->srv;
+	if (c->prev != NULL)
+		c->prev->next = c->next;
+	else
+		s->conns = c->next;
+	if (c->next != NULL)
+		c->next->prev = c->prev;
+	c->prev = NULL;
+	c->next = s->dead;
+	s->dead = c;
+	s->n_conns--;
+}
+
+static void conn_drop_streams(struct conn *c)
+{
+	for (unsigned b = 0; b < CONN_BUCKETS; b++) {
+		while (c->buckets[b] != NULL)
+			stream_abort(c->buckets[b], NULL);
+	}
+}
+
+static void conn_stop_io(struct conn *c)
+{
+	struct ev_loop *loop = c->srv->loop;
+	ev_io_stop(loop, &c->rio);
+	ev_io_stop(loop, &c->wio);
+	ev_timer_stop(loop, &c->keepalive);
+	ev_timer_stop(loop, &c->linger);
+}
+
+static void conn_finish_close(struct conn *c)
+{
+	if (c->state == CONN_DEAD)
+		return;
+	conn_drop_streams(c);
+	conn_stop_io(c);
+	c->state = CONN_DEAD;
+	conn_unlink(c);
+	if (c->srv->stdio_mode && c->lst == NULL)
+		server_shutdown(c->srv, "stdio closed");
+}
+
+void conn_close(struct conn *c, const char *why)
+{
+	if (c->state == CONN_DEAD)
+		return;
+	log_info("conn %s: closed (%s)", c->peer, why);
+	conn_finish_close(c);
+}
+
+static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	conn_close(container_of(w, struct conn, linger), "peer did not read its last frames");
+}
+
+/* Send what is queued and close, cancelling the streams first (their ERRORs go out
+ * before the connection closes). */
+static void conn_begin_closing(struct conn *c)
+{
+	if (c->state == CONN_CLOSING || c->state == CONN_DEAD)
+		return;
+	c->state = CONN_CLOSING;
+	ev_io_stop(c->srv->loop, &c->rio);
+	ev_timer_stop(c->srv->loop, &c->keepalive);
+	c->linger.repeat = LINGER_SECONDS;
+	ev_timer_again(c->srv->loop, &c->linger);
+	c->want_flush = true;
+}
+
+void conn_fail(struct conn *c, const struct shim_err *err)
+{
+	if (c->state == CONN_CLOSING || c->state == CONN_DEAD)
+		return;
+	log_warn("conn %s: protocol error: %s (errno %d)", c->peer, err->msg, err->code);
+	uint8_t buf[1600];
+	size_t n = disp_pack_error(err, buf, sizeof(buf));
+	/* streams die silently: the connection-level ERROR says why */
+	conn_drop_streams(c);
+	conn_send(c, 0, FRAME_ERROR, 0, buf, n);
+	conn_begin_closing(c);
+}
+
+void conn_shutdown(struct conn *c)
+{
+	if (c->state == CONN_CLOSING || c->state == CONN_DEAD)
+		return;
+	struct shim_err e;
+	err_set(&e, ECANCELED, NULL, "shim shutting down");
+	for (unsigned b = 0; b < CONN_BUCKETS; b++) {
+		while (c->buckets[b] != NULL)
+			stream_abort(c->buckets[b], &e);
+	}
+	conn_begin_closing(c);
+}
+
+void conn_reap_dead(struct server *s)
+{
+	while (s->dead != NULL) {
+		struct conn *c = s->dead;
+		s->dead = c->next;
+		while (c->out_head != NULL) {
+			struct obuf_chunk *k = c->out_head;
+			c->out_head = k->next;
+			free(k);
+		}
+		if (c->wfd != c->rfd && c->wfd >= 0)
+			close(c->wfd);
+		if (c->rfd >= 0)
+			close(c->rfd);
+		free(c->in);
+		free(c);
+	}
+}
+
+/* ---- streams ---- */
+
+struct stream *stream_lookup(struct conn *c, uint32_t id)
+{
+	for (struct stream *st = c->buckets[id % CONN_BUCKETS]; st != NULL; st = st->hnext)
+		if (st->id == id)
+			return st;
+	return NULL;
+}
+
+static struct stream *stream_new(struct conn *c, uint32_t id)
+{
+	struct stream *st = calloc(1, sizeof(*st));
+	if (st == NULL)
+		return NULL;
+	st->conn = c;
+	st->id = id;
+	st->send_credit = c->peer_window;
+	st->recv_left = c->srv->cfg.initial_window;
+	st->hnext = c->buckets[id % CONN_BUCKETS];
+	c->buckets[id % CONN_BUCKETS] = st;
+	c->nstreams++;
+	c->srv->n_streams++;
+	return st;
+}
+
+static void stream_free(struct stream *st)
+{
+	struct conn *c = st->conn;
+	struct stream **pp = &c->buckets[st->id % CONN_BUCKETS];
+	while (*pp != st)
+		pp = &(*pp)->hnext;
+	*pp = st->hnext;
+	if (st->blocked)
+		blocked_remove(c, st);
+	c->nstreams--;
+	c->srv->n_streams--;
+	free(st);
+}
+
+size_t stream_can_send(const struct stream *st)
+{
+	size_t room = conn_room(st->conn);
+	if (st->send_credit <= 0)
+		return 0;
+	if ((uint64_t)st->send_credit < room)
+		room = (size_t)st->send_credit;
+	if (room > st->conn->max_frame)
+		room = st->conn->max_frame;
+	return room;
+}
+
+void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin)
+{
+	st->send_credit -= (int64_t)len;
+	conn_send(st->conn, st->id, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, buf, len);
+}
+
+void stream_wait_writable(struct stream *st)
+{
+	if (st->blocked)
+		return;
+	struct conn *c = st->conn;
+	st->blocked = true;
+	st->wnext = NULL;
+	if (c->blocked_tail != NULL)
+		c->blocked_tail->wnext = st;
+	else
+		c->blocked = st;
+	c->blocked_tail = st;
+	c->nblocked++;
+}
+
+void stream_grant(struct stream *st, uint32_t n)
+{
+	if (n == 0 || st->client_fin)
+		return;
+	st->recv_left += n;
+	uint8_t p[4];
+	frame_put_u32(p, n);
+	conn_send(st->conn, st->id, FRAME_WINDOW, 0, p, sizeof(p));
+}
+
+void stream_end(struct stream *st, const void *result, size_t len)
+{
+	conn_send(st->conn, st->id, FRAME_END, 0, result, len);
+	stream_free(st);
+}
+
+void stream_fail(struct stream *st, const struct shim_err *err)
+{
+	uint8_t buf[1600];
+	size_t n = disp_pack_error(err, buf, sizeof(buf));
+	log_debug("conn %s: stream %u: %s: %s", st->conn->peer, st->id, err->msg, strerror(err->code));
+	conn_send(st->conn, st->id, FRAME_ERROR, 0, buf, n);
+	stream_free(st);
+}
+
+/* Ended from outside the op (cancel, disconnect, shutdown): tell the op, then send
+ * ERROR if there is still someone to send it to (err NULL: nobody). */
+static void stream_abort(struct stream *st, const struct shim_err *err)
+{
+	const struct stream_ops *ops = st->ops;
+	st->ops = NULL;
+	if (ops != NULL && ops->cancel != NULL)
+		ops->cancel(st);
+	if (err != NULL)
+		stream_fail(st, err);
+	else
+		stream_free(st);
+}
+
+/* ---- input ---- */
+
+static int proto_error(struct conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int proto_error(struct conn *c, int code, const char *fmt, ...)
+{
+	struct shim_err e;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e.msg, sizeof(e.msg), fmt, ap);
+	va_end(ap);
+	e.code = code;
+	e.path[0] = '\0';
+	e.path_len = 0;
+	conn_fail(c, &e);
+	return -1;
+}
+
+/* A frame for stream id that has no live stream: fine if the stream existed and has
+ * ended (a race with END), a protocol error if it never existed. */
+static int no_such_stream(struct conn *c, const struct frame_hdr *h)
+{
+	if (h->stream != 0 && (h->stream & 1) && h->stream <= c->last_stream)
+		return 0;
+	return proto_error(c, EPROTO, "%s for unknown stream %u", frame_type_name(h->type), h->stream);
+}
+
+static int handle_request(struct conn *c, const struct frame_hdr *h, const uint8_t *p)
+{
+	if (h->stream == 0 || (h->stream & 1) == 0)
+		return proto_error(c, EPROTO, "REQUEST on even stream id %u", h->stream);
+	if (h->stream <= c->last_stream)
+		return proto_error(c, EPROTO, "stream id %u reused", h->stream);
+	c->last_stream = h->stream;
+	struct shim_err e;
+	if (c->nstreams >= c->srv->cfg.max_streams) {
+		err_set(&e, EAGAIN, NULL, "too many streams in flight (limit %u)", c->srv->cfg.max_streams);
+		uint8_t buf[1600];
+		size_t n = disp_pack_error(&e, buf, sizeof(buf));
+		conn_send(c, h->stream, FRAME_ERROR, 0, buf, n);
+		return 0;
+	}
+	struct stream *st = stream_new(c, h->stream);
+	if (st == NULL) {
+		err_set(&e, ENOMEM, NULL, "out of memory");
+		conn_fail(c, &e);
+		return -1;
+	}
+	int fatal = 0;
+	if (disp_request(st, p, h->len, &e, &fatal) < 0) {
+		if (fatal) {
+			stream_free(st);
+			conn_fail(c, &e);
+			return -1;
+		}
+		stream_fail(st, &e);
+	}
+	return 0;
+}
+
+static int handle_data(struct conn *c, const struct frame_hdr *h, const uint8_t *p)
+{
+	struct stream *st = stream_lookup(c, h->stream);
+	if (st == NULL)
+		return no_such_stream(c, h);
+	if (st->client_fin)
+		return proto_error(c, EPROTO, "DATA after FIN on stream %u", h->stream);
+	if (h->len > st->recv_left)
+		return proto_error(c, EPROTO, "flow control violated on stream %u", h->stream);
+	st->recv_left -= h->len;
+	bool fin = (h->flags & FRAME_FLAG_FIN) != 0;
+	if (fin)
+		st->client_fin = true;
+	struct shim_err e;
+	if (st->ops == NULL || st->ops->data == NULL) {
+		err_set(&e, EINVAL, NULL, "this request takes no data");
+		stream_abort(st, &e);
+		return 0;
+	}
+	if (st->ops->data(st, p, h->len, fin, &e) < 0)
+		stream_abort(st, &e);
+	return 0;
+}
+
+static int handle_window(struct conn *c, const struct frame_hdr *h, const uint8_t *p)
+{
+	if (h->len != 4)
+		return proto_error(c, EPROTO, "WINDOW payload of %u bytes (must be 4)", h->len);
+	uint32_t inc = frame_get_u32(p);
+	if (inc == 0)
+		return proto_error(c, EPROTO, "WINDOW of 0 on stream %u", h->stream);
+	struct stream *st = stream_lookup(c, h->stream);
+	if (st == NULL)
+		return no_such_stream(c, h);
+	if (st->send_credit + (int64_t)inc > INT32_MAX)
+		return proto_error(c, EPROTO, "WINDOW overflows the credit of stream %u", h->stream);
+	st->send_credit += inc;
+	if (st->blocked && conn_room(c) > 0) {
+		blocked_remove(c, st);
+		if (st->ops != NULL && st->ops->writable != NULL)
+			st->ops->writable(st);
+	}
+	return 0;
+}
+
+static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t *p)
+{
+	struct shim_err e;
+	if (c->state == CONN_HELLO) {
+		if (h->type != FRAME_HELLO)
+			return proto_error(c, EPROTO, "expected HELLO, got %s", frame_type_name(h->type));
+		if (h->stream != 0)
+			return proto_error(c, EPROTO, "HELLO on stream %u (must be 0)", h->stream);
+		if (disp_hello(c, p, h->len, &e) < 0) {
+			conn_fail(c, &e);
+			return -1;
+		}
+		return 0;
+	}
+	switch ((enum frame_type)h->type) {
+	case FRAME_REQUEST:
+		return handle_request(c, h, p);
+	case FRAME_DATA:
+		return handle_data(c, h, p);
+	case FRAME_WINDOW:
+		return handle_window(c, h, p);
+	case FRAME_CANCEL: {
+		struct stream *st = stream_lookup(c, h->stream);
+		if (st == NULL)
+			return no_such_stream(c, h);
+		err_set(&e, ECANCELED, NULL, "cancelled");
+		stream_abort(st, &e);
+		return 0;
+	}
+	case FRAME_PING:
+		if (h->stream != 0)
+			return proto_error(c, EPROTO, "PING on stream %u (must be 0)", h->stream);
+		if (h->len > FRAME_PING_MAX)
+			return proto_error(c, EPROTO, "PING payload of %u bytes (limit 64)", h->len);
+		conn_send(c, 0, FRAME_PONG, 0, p, h->len);
+		return 0;
+	case FRAME_PONG:
+		return 0;
+	case FRAME_HELLO:
+		return proto_error(c, EPROTO, "HELLO sent twice");
+	case FRAME_HELLO_OK:
+	case FRAME_EVENT:
+	case FRAME_END:
+	case FRAME_ERROR:
+		return proto_error(c, EPROTO, "frame type %s may not be sent by a client", frame_type_name(h->type));
+	}
+	return proto_error(c, EPROTO, "unknown frame type %u", h->type);
+}
+
+/* Parse and handle every whole frame in c->in; keep the unfinished tail. */
+static void process_input(struct conn *c)
+{
+	size_t off = 0;
+	while (c->state == CONN_HELLO || c->state == CONN_READY) {
+		struct frame_hdr h;
+		enum frame_status fs = frame_check(c->in + off, c->inlen - off, c->max_frame, &h);
+		if (fs == FRAME_NEED_MORE) {
+			/* make room for the whole frame (its length is already checked) */
+			if (c->inlen - off >= FRAME_HDR_LEN && FRAME_HDR_LEN + (size_t)h.len > c->incap) {
+				size_t need = FRAME_HDR_LEN + (size_t)h.len;
+				memmove(c->in, c->in + off, c->inlen - off);
+				c->inlen -= off;
+				off = 0;
+				uint8_t *n = realloc(c->in, need);
+				if (n == NULL) {
+					conn_close(c, "out of memory");
+					return;
+				}
+				c->in = n;
+				c->incap = need;
+			}
+			break;
+		}
+		if (fs == FRAME_TOO_BIG) {
+			struct shim_err e;
+			err_set(&e, EMSGSIZE, NULL, "frame of %u bytes exceeds the limit of %u", h.len, c->max_frame);
+			conn_fail(c, &e);
+			return;
+		}
+		if (fs == FRAME_BAD) {
+			proto_error(c, EPROTO, "malformed frame header (type %u)", h.type);
+			return;
+		}
+		c->last_rx = ev_now(c->srv->loop);
+		c->ping_out = false;
+		if (handle_frame(c, &h, c->in + off + FRAME_HDR_LEN) < 0)
+			return;
+		off += FRAME_HDR_LEN + h.len;
+	}
+	if (off > 0) {
+		memmove(c->in, c->in + off, c->inlen - off);
+		c->inlen -= off;
+	}
+}
+
+void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
+{
+	while (len > 0 && (c->state == CONN_HELLO || c->state == CONN_READY)) {
+		size_t n = c->incap - c->inlen;
+		if (n > len)
+			n = len;
+		memcpy(c->in + c->inlen, buf, n);
+		c->inlen += n;
+		buf += n;
+		len -= n;
+		process_input(c);
+	}
+}
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct conn *c = container_of(w, struct conn, rio);
+	for (int rounds = 0; rounds < 8; rounds++) {
+		if (c->state != CONN_HELLO && c->state != CONN_READY)
+			return;
+		if (c->outlen > OUT_STOP_READ) {
+			/* resumed by conn_flush once the client reads */
+			ev_io_stop(c->srv->loop, &c->rio);
+			return;
+		}
+		ssize_t n = read(c->rfd, c->in + c->inlen, c->incap - c->inlen);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			conn_close(c, strerror(errno));
+			return;
+		}
+		if (n == 0) {
+			if (c->inlen > 0) {
+				/* best effort: the peer may still read after closing its write side */
+				struct shim_err e;
+				err_set(&e, EPROTO, NULL, "connection closed in the middle of a frame");
+				conn_fail(c, &e);
+				return;
+			}
+			conn_close(c, "peer closed");
+			return;
+		}
+		c->inlen += (size_t)n;
+		process_input(c);
+	}
+}
+
+static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	struct conn *c = container_of(w, struct conn, keepalive);
+	double ka = c->srv->cfg.keepalive;
+	ev_tstamp idle = ev_now(loop) - c->last_rx;
+	if (idle < ka) {
+		w->repeat = ka - idle;
+		ev_timer_again(loop, w);
+		return;
+	}
+	if (c->ping_out) {
+		conn_close(c, "no answer to keepalive PING");
+		return;
+	}
+	static const char payload[] = "keepalive";
+	conn_send(c, 0, FRAME_PING, 0, payload, sizeof(payload) - 1);
+	c->ping_out = true;
+	c->last_rx = ev_now(loop);
+	w->repeat = ka;
+	ev_timer_again(loop, w);
+}

@@ -1,0 +1,116 @@
+/* conn.h: one client connection: frames in and out, bounded buffers, its streams. */
+#ifndef SHIM_CONN_H
+#define SHIM_CONN_H
+
+#include <ev.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+
+struct server;
+struct stream;
+struct listener;
+
+/* What an operation provides for the life of its stream. Every hook is optional. */
+struct stream_ops {
+	/* DATA from the client; len may be 0 when fin is set. The op hands credit back
+	 * with stream_grant() as it consumes the bytes. Return -1 with err to fail the
+	 * stream (ERROR is sent and cancel() called). */
+	int (*data)(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err);
+	/* More DATA may be sent now (credit arrived or the connection's output drained). */
+	void (*writable)(struct stream *st);
+	/* The stream is going away without END: client CANCEL, disconnect, shutdown or a
+	 * failed hook. Release or orphan everything; do not touch st afterwards. */
+	void (*cancel)(struct stream *st);
+};
+
+struct stream {
+	struct conn *conn;
+	uint32_t id;
+	struct stream *hnext;
+	struct stream *wnext; /* in conn->blocked while waiting to send */
+	bool blocked;
+	const struct stream_ops *ops;
+	void *op_data;
+	int64_t send_credit; /* DATA bytes we may still send */
+	uint32_t recv_left;  /* DATA bytes the client may still send */
+	bool client_fin;
+};
+
+#define CONN_BUCKETS 64
+
+struct obuf_chunk {
+	struct obuf_chunk *next;
+	size_t len, off, cap;
+	uint8_t data[];
+};
+
+enum conn_state { CONN_HELLO, CONN_READY, CONN_CLOSING, CONN_DEAD };
+
+struct conn {
+	struct server *srv;
+	struct listener *lst; /* NULL for stdio */
+	struct conn *prev, *next;
+	enum conn_state state;
+	int rfd, wfd;
+	ev_io rio, wio;
+	ev_timer keepalive, linger;
+	ev_tstamp last_rx;
+	bool ping_out;
+	bool need_token;
+	bool want_flush;
+	char peer[96];
+
+	uint8_t *in;
+	size_t inlen, incap;
+
+	struct obuf_chunk *out_head, *out_tail;
+	size_t outlen;
+
+	uint32_t max_frame;
+	uint32_t peer_window; /* client's initial window */
+	uint32_t last_stream;
+	struct stream *buckets[CONN_BUCKETS];
+	unsigned nstreams;
+	struct stream *blocked, *blocked_tail; /* streams waiting for output room, FIFO */
+	unsigned nblocked;
+};
+
+/* Take over fds (rfd may equal wfd) and start reading. need_token: the HELLO must
+ * carry the configured token. */
+struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, bool need_token, const char *peer);
+/* Send ERROR on stream 0, stop reading, close once it is flushed. */
+void conn_fail(struct conn *c, const struct shim_err *err);
+/* Shutdown: end every stream with ERROR ECANCELED, flush, then close. */
+void conn_shutdown(struct conn *c);
+/* Cancel every stream and close now. */
+void conn_close(struct conn *c, const char *why);
+/* Append one frame to the output; payload may be NULL when len is 0. */
+void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len);
+/* Flush what can be written now (called before the loop sleeps). */
+void conn_flush(struct conn *c);
+/* Bytes of DATA the connection would take now without passing its soft limit. */
+size_t conn_room(const struct conn *c);
+/* Free dead connections; only at a safe point (before the loop sleeps). */
+void conn_reap_dead(struct server *s);
+/* Process raw input bytes as if they had been read (used by the fuzz harness). */
+void conn_feed(struct conn *c, const uint8_t *buf, size_t len);
+
+/* Streams. */
+struct stream *stream_lookup(struct conn *c, uint32_t id);
+/* Start sending DATA: how much may go now (credit and connection room). */
+size_t stream_can_send(const struct stream *st);
+/* Queue DATA (len <= stream_can_send(), except len 0 with fin). */
+void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin);
+/* Ask for a writable() call when room appears. */
+void stream_wait_writable(struct stream *st);
+/* Give the client n more bytes of DATA credit. */
+void stream_grant(struct stream *st, uint32_t n);
+/* End with END carrying the packed Result payload, or with ERROR; frees st. */
+void stream_end(struct stream *st, const void *result, size_t len);
+void stream_fail(struct stream *st, const struct shim_err *err);
+
+#endif

@@ -1,0 +1,171 @@
+/* dispatch.c: the handshake, the table of request kinds, and Error/Result encoding. */
+#include "dispatch.h"
+#include "conn.h"
+#include "errnames.h"
+#include "frame.h"
+#include "listen.h"
+#include "log.h"
+#include "ops.h"
+#include "server.h"
+#include "shim.pb-c.h"
+#include "util.h"
+
+#include <errno.h>
+#include <string.h>
+
+struct disp_entry {
+	Shim__V1__Request__KindCase kind;
+	const char *name;
+	op_start_fn start;
+};
+
+/* One row per request kind; generic checks (limits, decoding) happen once, before. */
+static const struct disp_entry table[] = {
+	{SHIM__V1__REQUEST__KIND_INFO, "info", op_sys_info},
+	{SHIM__V1__REQUEST__KIND_ECHO, "echo", op_sys_echo},
+};
+
+unsigned disp_kinds(void)
+{
+	return ARRAY_SIZE(table);
+}
+
+/* Constant-time comparison: the time taken does not depend on where the first
+ * difference is, so a network peer cannot guess the token byte by byte. */
+static bool token_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+	unsigned char diff = (unsigned char)(alen != blen);
+	size_t n = alen < blen ? alen : blen;
+	for (size_t i = 0; i < n; i++)
+		diff |= a[i] ^ b[i];
+	/* also walk the longer tail so lengths cost the same as contents */
+	for (size_t i = n; i < blen; i++)
+		diff |= b[i];
+	return diff == 0;
+}
+
+int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_err *err)
+{
+	struct server *s = c->srv;
+	Shim__V1__Hello *h = shim__v1__hello__unpack(NULL, len, payload);
+	if (h == NULL)
+		return err_set(err, EBADMSG, NULL, "cannot decode Hello");
+	int rc = -1;
+	if (h->protocol_version != SHIM_PROTOCOL_VERSION) {
+		err_set(err, EPROTONOSUPPORT, NULL, "protocol version %u not supported (this shim speaks %u)",
+			h->protocol_version, SHIM_PROTOCOL_VERSION);
+		goto out;
+	}
+	if (c->need_token && s->cfg.token != NULL) {
+		if (!h->has_token || h->token.len == 0) {
+			err_set(err, EACCES, NULL, "token required");
+			goto out;
+		}
+		if (!token_equal(h->token.data, h->token.len, (const uint8_t *)s->cfg.token, s->cfg.token_len)) {
+			log_warn("conn %s: bad token", c->peer);
+			err_set(err, EACCES, NULL, "bad token");
+			goto out;
+		}
+	}
+	uint32_t max = s->cfg.max_frame;
+	if (h->has_max_frame && h->max_frame < max)
+		max = h->max_frame < FRAME_MIN_MAX ? FRAME_MIN_MAX : h->max_frame;
+	c->max_frame = max;
+	c->peer_window = h->has_initial_window ? h->initial_window : FRAME_DEFAULT_WINDOW;
+	if (c->peer_window > INT32_MAX)
+		c->peer_window = INT32_MAX;
+
+	Shim__V1__HelloReply r = SHIM__V1__HELLO_REPLY__INIT;
+	r.protocol_version = SHIM_PROTOCOL_VERSION;
+	r.shim_version = (char *)SHIM_VERSION;
+	size_t nf = 0;
+	while (server_features[nf] != NULL)
+		nf++;
+	r.n_features = nf;
+	r.features = (char **)server_features;
+	r.max_frame = max;
+	r.pid = (uint32_t)s->pid;
+	r.pid1 = s->pid1;
+	r.uid = (uint32_t)getuid();
+	r.hostname = s->hostname;
+	r.boot_id = s->boot_id;
+	r.initial_window = s->cfg.initial_window;
+	r.has_max_streams = 1;
+	r.max_streams = s->cfg.max_streams;
+	uint8_t buf[2048];
+	size_t n = shim__v1__hello_reply__get_packed_size(&r);
+	if (n > sizeof(buf)) {
+		err_set(err, EOVERFLOW, NULL, "HelloReply too large");
+		goto out;
+	}
+	shim__v1__hello_reply__pack(&r, buf);
+	c->state = CONN_READY;
+	conn_send(c, 0, FRAME_HELLO_OK, 0, buf, n);
+	log_info("conn %s: hello from %s, max frame %u", c->peer, h->client_name ? h->client_name : "?", max);
+	rc = 0;
+out:
+	shim__v1__hello__free_unpacked(h, NULL);
+	return rc;
+}
+
+int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct shim_err *err, int *conn_fatal)
+{
+	Shim__V1__Request *req = shim__v1__request__unpack(NULL, len, payload);
+	if (req == NULL) {
+		*conn_fatal = 1;
+		return err_set(err, EBADMSG, NULL, "cannot decode Request on stream %u", st->id);
+	}
+	const struct disp_entry *e = NULL;
+	for (size_t i = 0; i < ARRAY_SIZE(table); i++)
+		if (table[i].kind == req->kind_case)
+			e = &table[i];
+	int rc;
+	if (e == NULL) {
+		/* a kind this shim does not know (newer client): the field was skipped as
+		 * unknown, so no oneof case is set */
+		rc = err_set(err, ENOSYS, NULL, "unknown request kind");
+	} else {
+		log_debug("conn %s: stream %u: %s", st->conn->peer, st->id, e->name);
+		rc = e->start(st, req, err);
+	}
+	shim__v1__request__free_unpacked(req, NULL);
+	return rc;
+}
+
+size_t disp_pack_error(const struct shim_err *err, uint8_t *buf, size_t size)
+{
+	Shim__V1__Error m = SHIM__V1__ERROR__INIT;
+	m.errno_num = err->code;
+	const char *name = errname_name(err->code);
+	m.errno_name = (char *)(name ? name : "EUNKNOWN");
+	m.message = (char *)err->msg;
+	if (err->path_len > 0) {
+		m.has_path = 1;
+		m.path.data = (uint8_t *)err->path;
+		m.path.len = err->path_len;
+	}
+	/* msg (256) + path (1024) + names fit well within the caller's buffer */
+	size_t n = shim__v1__error__get_packed_size(&m);
+	if (n > size) {
+		m.has_path = 0;
+		n = shim__v1__error__get_packed_size(&m);
+	}
+	return shim__v1__error__pack(&m, buf);
+}
+
+void op_end(struct stream *st, const Shim__V1__Result *result)
+{
+	uint8_t small[1024];
+	size_t n = shim__v1__result__get_packed_size(result);
+	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
+	if (buf == NULL) {
+		struct shim_err e;
+		err_set(&e, ENOMEM, NULL, "out of memory");
+		stream_fail(st, &e);
+		return;
+	}
+	shim__v1__result__pack(result, buf);
+	stream_end(st, buf, n);
+	if (buf != small)
+		free(buf);
+}

@@ -1,0 +1,43 @@
+/* listen.h: listening sockets for every transport, and accepting connections on them. */
+#ifndef SHIM_LISTEN_H
+#define SHIM_LISTEN_H
+
+#include <ev.h>
+#include <stdbool.h>
+
+#include "err.h"
+
+struct server;
+
+enum listener_kind { LISTEN_UNIX, LISTEN_TCP, LISTEN_VSOCK };
+
+struct listener {
+	enum listener_kind kind;
+	struct server *srv;
+	int fd;
+	ev_io io;
+	ev_timer retry; /* accept paused after EMFILE */
+	bool need_token;
+	char addr[300];    /* as given, with the real port for tcp:HOST:0 */
+	char *unlink_path; /* unix socket file to remove at close */
+};
+
+/* Create and bind a listener for spec ("unix:PATH", "tcp:HOST:PORT", "vsock:CID:PORT").
+ * Returns NULL with err filled. */
+struct listener *listener_open(struct server *s, const char *spec, struct shim_err *err);
+void listener_start(struct listener *l);
+/* Stop accepting, close, and remove a unix socket file. */
+void listener_close(struct listener *l);
+
+/* Transport-specific parts (tr_*.c). Each returns a listening fd or -1 with err. */
+int tr_unix_listen(struct server *s, const char *path, struct shim_err *err);
+int tr_tcp_listen(const char *hostport, char *bound, size_t bound_size, struct shim_err *err);
+int tr_vsock_listen(const char *cidport, struct shim_err *err);
+/* Peer checks after accept: 0 to admit, -1 with err to refuse. */
+int tr_unix_check_peer(struct server *s, int fd, char *peer, size_t peer_size, struct shim_err *err);
+void tr_tcp_describe_peer(int fd, char *peer, size_t peer_size);
+void tr_vsock_describe_peer(int fd, char *peer, size_t peer_size);
+/* The --stdio connection on fds 0 and 1. */
+int tr_stdio_start(struct server *s, struct shim_err *err);
+
+#endif

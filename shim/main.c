@@ -1,0 +1,276 @@
+/* main.c: sandbox-shim's entry point: options, listeners, the event loop. */
+#include "conn.h"
+#include "frame.h"
+#include "listen.h"
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: sandbox-shim [--stdio] [--listen ADDR]... [options]\n"
+		   "\n"
+		   "Serves shim protocol v1 inside a sandbox.\n"
+		   "\n"
+		   "transports:\n"
+		   "  --stdio                  one client on stdin/stdout; exit when it closes\n"
+		   "  --listen unix:PATH       unix socket, created 0600\n"
+		   "  --listen tcp:HOST:PORT   TCP (needs --token-file or --insecure-no-token)\n"
+		   "  --listen vsock:CID:PORT  AF_VSOCK; CID -1 listens on any CID\n"
+		   "\n"
+		   "security:\n"
+		   "  --token-file FILE        clients must present this token (tcp, unix, vsock)\n"
+		   "  --insecure-no-token      allow tcp without a token\n"
+		   "  --socket-mode OCTAL      mode of unix sockets (default 0600)\n"
+		   "  --socket-group GROUP     group of unix sockets (name or number)\n"
+		   "  --allow-uid UID          admit only unix peers with this uid (repeatable)\n"
+		   "\n"
+		   "limits:\n"
+		   "  --max-connections N      (default 1024)\n"
+		   "  --max-streams N          streams in flight per connection (default 256)\n"
+		   "  --max-frame BYTES        largest frame payload (default 1048576)\n"
+		   "  --workers N              worker threads to start with (default 4; grows to 64)\n"
+		   "  --keepalive SECONDS      ping silent clients after this long; 0 = off (default 60)\n"
+		   "  --shutdown-timeout SECONDS  time to finish work on SIGTERM (default 10)\n"
+		   "\n"
+		   "  --log-level LEVEL        error, warn, info (default) or debug\n"
+		   "  --version, --help\n");
+}
+
+enum {
+	OPT_STDIO = 256,
+	OPT_LISTEN,
+	OPT_TOKEN_FILE,
+	OPT_INSECURE,
+	OPT_SOCKET_MODE,
+	OPT_SOCKET_GROUP,
+	OPT_ALLOW_UID,
+	OPT_MAX_CONN,
+	OPT_MAX_STREAMS,
+	OPT_MAX_FRAME,
+	OPT_WORKERS,
+	OPT_KEEPALIVE,
+	OPT_SHUTDOWN_TIMEOUT,
+	OPT_LOG_LEVEL,
+	OPT_VERSION,
+};
+
+static const struct option options[] = {
+	{"stdio", no_argument, NULL, OPT_STDIO},
+	{"listen", required_argument, NULL, OPT_LISTEN},
+	{"token-file", required_argument, NULL, OPT_TOKEN_FILE},
+	{"insecure-no-token", no_argument, NULL, OPT_INSECURE},
+	{"socket-mode", required_argument, NULL, OPT_SOCKET_MODE},
+	{"socket-group", required_argument, NULL, OPT_SOCKET_GROUP},
+	{"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
+	{"max-connections", required_argument, NULL, OPT_MAX_CONN},
+	{"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
+	{"max-frame", required_argument, NULL, OPT_MAX_FRAME},
+	{"workers", required_argument, NULL, OPT_WORKERS},
+	{"keepalive", required_argument, NULL, OPT_KEEPALIVE},
+	{"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
+	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+	{"version", no_argument, NULL, OPT_VERSION},
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
+};
+
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "sandbox-shim: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry 'sandbox-shim --help'.\n");
+	exit(2);
+}
+
+static unsigned long parse_num(const char *arg, const char *what, unsigned long min, unsigned long max)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(arg, &end, 10);
+	if (errno != 0 || *end != '\0' || arg[0] == '\0' || arg[0] == '-' || v < min || v > max) {
+		fprintf(stderr, "sandbox-shim: bad %s '%s' (want %lu..%lu)\n", what, arg, min, max);
+		exit(2);
+	}
+	return v;
+}
+
+static double parse_seconds(const char *arg, const char *what)
+{
+	char *end;
+	double v = strtod(arg, &end);
+	if (*end != '\0' || arg[0] == '\0' || !(v >= 0) || v > 86400 * 365)
+		die_usage("bad %s '%s' (want seconds)", what, arg);
+	return v;
+}
+
+/* Read the token: the whole file, trailing whitespace removed. Start-up only. */
+static int read_token(const char *path, struct server_config *cfg)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(stderr, "sandbox-shim: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	char buf[4096];
+	ssize_t n = read(fd, buf, sizeof(buf));
+	close(fd);
+	if (n < 0) {
+		fprintf(stderr, "sandbox-shim: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+		n--;
+	if (n == 0 || n == (ssize_t)sizeof(buf)) {
+		fprintf(stderr, "sandbox-shim: %s: the token must be 1 to 4095 bytes\n", path);
+		return -1;
+	}
+	cfg->token = malloc((size_t)n + 1);
+	if (cfg->token == NULL)
+		return -1;
+	memcpy(cfg->token, buf, (size_t)n);
+	cfg->token[n] = '\0';
+	cfg->token_len = (size_t)n;
+	explicit_bzero(buf, sizeof(buf));
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct server s;
+	server_config_defaults(&s.cfg);
+	const char *listens[SHIM_MAX_LISTENERS];
+	unsigned n_listens = 0;
+	bool use_stdio = false;
+	const char *token_file = NULL;
+	int opt;
+
+	while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+		switch (opt) {
+		case OPT_STDIO:
+			use_stdio = true;
+			break;
+		case OPT_LISTEN:
+			if (n_listens >= SHIM_MAX_LISTENERS)
+				die_usage("too many --listen (at most 16)");
+			listens[n_listens++] = optarg;
+			break;
+		case OPT_TOKEN_FILE:
+			token_file = optarg;
+			break;
+		case OPT_INSECURE:
+			s.cfg.insecure_no_token = true;
+			break;
+		case OPT_SOCKET_MODE: {
+			char *end;
+			long m = strtol(optarg, &end, 8);
+			if (*end != '\0' || optarg[0] == '\0' || m < 0 || m > 0777)
+				die_usage("bad --socket-mode '%s' (want octal, e.g. 0660)", optarg);
+			s.cfg.socket_mode = (mode_t)m;
+			break;
+		}
+		case OPT_SOCKET_GROUP: {
+			struct group *g = getgrnam(optarg);
+			if (g != NULL)
+				s.cfg.socket_gid = g->gr_gid;
+			else
+				s.cfg.socket_gid = (gid_t)parse_num(optarg, "--socket-group", 0, 0xfffffffe);
+			break;
+		}
+		case OPT_ALLOW_UID:
+			if (s.cfg.n_allow_uids >= SHIM_MAX_ALLOW_UIDS)
+				die_usage("too many --allow-uid (at most 16)");
+			s.cfg.allow_uids[s.cfg.n_allow_uids++] = (uid_t)parse_num(optarg, "--allow-uid", 0, 0xfffffffe);
+			break;
+		case OPT_MAX_CONN:
+			s.cfg.max_connections = (unsigned)parse_num(optarg, "--max-connections", 1, 1000000);
+			break;
+		case OPT_MAX_STREAMS:
+			s.cfg.max_streams = (unsigned)parse_num(optarg, "--max-streams", 1, 1000000);
+			break;
+		case OPT_MAX_FRAME:
+			s.cfg.max_frame = (uint32_t)parse_num(optarg, "--max-frame", FRAME_MIN_MAX, FRAME_ABS_MAX);
+			break;
+		case OPT_WORKERS:
+			s.cfg.workers = (unsigned)parse_num(optarg, "--workers", 1, 256);
+			if (s.cfg.max_workers < s.cfg.workers)
+				s.cfg.max_workers = s.cfg.workers;
+			break;
+		case OPT_KEEPALIVE:
+			s.cfg.keepalive = parse_seconds(optarg, "--keepalive");
+			break;
+		case OPT_SHUTDOWN_TIMEOUT:
+			s.cfg.shutdown_timeout = parse_seconds(optarg, "--shutdown-timeout");
+			break;
+		case OPT_LOG_LEVEL: {
+			int l = log_parse_level(optarg);
+			if (l < 0)
+				die_usage("bad --log-level '%s' (want error, warn, info or debug)", optarg);
+			log_max_level = (enum log_level)l;
+			break;
+		}
+		case OPT_VERSION:
+			printf("sandbox-shim %s (shim protocol %u)\n", SHIM_VERSION, SHIM_PROTOCOL_VERSION);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc)
+		die_usage("unexpected argument '%s'", argv[optind]);
+	if (!use_stdio && n_listens == 0)
+		die_usage("nothing to serve: give --stdio or --listen ADDR");
+	if (token_file != NULL && read_token(token_file, &s.cfg) < 0)
+		return 1;
+
+	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
+	if (loop == NULL) {
+		fprintf(stderr, "sandbox-shim: cannot start the event loop\n");
+		return 1;
+	}
+	if (server_init(&s, loop) < 0)
+		return 1;
+	for (unsigned i = 0; i < n_listens; i++) {
+		struct shim_err err;
+		struct listener *l = listener_open(&s, listens[i], &err);
+		if (l == NULL) {
+			fprintf(stderr, "sandbox-shim: cannot listen on %s: %s: %s\n", listens[i], err.msg,
+				strerror(err.code));
+			server_free(&s);
+			return 1;
+		}
+		server_add_listener(&s, l);
+	}
+	if (use_stdio) {
+		struct shim_err err;
+		if (tr_stdio_start(&s, &err) < 0) {
+			fprintf(stderr, "sandbox-shim: --stdio: %s: %s\n", err.msg, strerror(err.code));
+			server_free(&s);
+			return 1;
+		}
+	}
+	log_info("sandbox-shim %s ready (pid %d%s)", SHIM_VERSION, (int)s.pid, s.pid1 ? ", PID 1" : "");
+	ev_run(loop, 0);
+	server_free(&s);
+	log_info("exit");
+	return s.exit_code;
+}

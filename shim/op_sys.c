@@ -1,0 +1,198 @@
+/* op_sys.c: system requests: info (what the daemon holds) and echo (a channel check). */
+#include "conn.h"
+#include "log.h"
+#include "ops.h"
+#include "server.h"
+#include "util.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- info ---- */
+
+struct info_job {
+	struct work work;
+	struct stream *st; /* NULL once the stream is gone (cancel, disconnect) */
+	uint64_t rss;
+	double load[3];
+	bool have_load;
+};
+
+static void info_cancel(struct stream *st)
+{
+	struct info_job *j = st->op_data;
+	j->st = NULL; /* orphaned: info_done frees it */
+}
+
+static const struct stream_ops info_ops = {.cancel = info_cancel};
+
+/* On a worker: /proc reads are cheap, but the loop thread does no file I/O at all. */
+static void info_run(struct work *w)
+{
+	struct info_job *j = container_of(w, struct info_job, work);
+	FILE *f = fopen("/proc/self/statm", "re");
+	if (f != NULL) {
+		unsigned long size, resident;
+		if (fscanf(f, "%lu %lu", &size, &resident) == 2)
+			j->rss = (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+		fclose(f);
+	}
+	f = fopen("/proc/loadavg", "re");
+	if (f != NULL) {
+		j->have_load = fscanf(f, "%lf %lf %lf", &j->load[0], &j->load[1], &j->load[2]) == 3;
+		fclose(f);
+	}
+}
+
+static void info_done(struct work *w)
+{
+	struct info_job *j = container_of(w, struct info_job, work);
+	struct stream *st = j->st;
+	if (st != NULL) {
+		struct server *s = st->conn->srv;
+		Shim__V1__InfoReply r = SHIM__V1__INFO_REPLY__INIT;
+		r.shim_version = (char *)SHIM_VERSION;
+		r.protocol_version = 1;
+		size_t nf = 0;
+		while (server_features[nf] != NULL)
+			nf++;
+		r.n_features = nf;
+		r.features = (char **)server_features;
+		r.uptime_ms = (mono_ns() - s->start_ns) / 1000000u;
+		r.pid = (uint32_t)s->pid;
+		r.pid1 = s->pid1;
+		r.uid = (uint32_t)getuid();
+		r.gid = (uint32_t)getgid();
+		r.hostname = s->hostname;
+		r.boot_id = s->boot_id;
+		r.has_connections = r.has_streams = r.has_processes = r.has_mounts = 1;
+		r.connections = s->n_conns;
+		r.streams = s->n_streams;
+		r.processes = 0;
+		r.mounts = 0;
+		r.has_rss_bytes = j->rss != 0;
+		r.rss_bytes = j->rss;
+		r.has_load1 = r.has_load5 = r.has_load15 = j->have_load;
+		r.load1 = j->load[0];
+		r.load5 = j->load[1];
+		r.load15 = j->load[2];
+		r.has_max_connections = r.has_max_streams = r.has_workers = 1;
+		r.max_connections = s->cfg.max_connections;
+		r.max_streams = s->cfg.max_streams;
+		r.workers = worker_threads();
+		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+		res.kind_case = SHIM__V1__RESULT__KIND_INFO;
+		res.info = &r;
+		op_end(st, &res);
+	}
+	free(j);
+}
+
+int op_sys_info(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	(void)req;
+	struct info_job *j = calloc(1, sizeof(*j));
+	if (j == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	j->st = st;
+	j->work.run = info_run;
+	j->work.done = info_done;
+	st->ops = &info_ops;
+	st->op_data = j;
+	worker_submit(&j->work);
+	return 0;
+}
+
+/* ---- echo ---- */
+
+/* What the client sent and we have not yet been able to send back. Never more than
+ * the credit we granted (the initial window), so memory stays bounded. */
+struct echo {
+	uint8_t *buf;
+	size_t len, cap;
+	uint64_t total;
+	bool fin;
+};
+
+static void echo_free(struct echo *e)
+{
+	free(e->buf);
+	free(e);
+}
+
+static void echo_pump(struct stream *st)
+{
+	struct echo *e = st->op_data;
+	size_t sent = 0;
+	while (sent < e->len) {
+		size_t n = stream_can_send(st);
+		if (n == 0)
+			break;
+		if (n > e->len - sent)
+			n = e->len - sent;
+		stream_send_data(st, e->buf + sent, n, false);
+		sent += n;
+	}
+	if (sent > 0) {
+		memmove(e->buf, e->buf + sent, e->len - sent);
+		e->len -= sent;
+		e->total += sent;
+		/* hand the client back exactly the credit we have drained */
+		stream_grant(st, (uint32_t)sent);
+	}
+	if (e->len > 0) {
+		stream_wait_writable(st);
+		return;
+	}
+	if (e->fin) {
+		stream_send_data(st, NULL, 0, true);
+		Shim__V1__EchoReply r = SHIM__V1__ECHO_REPLY__INIT;
+		r.bytes = e->total;
+		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+		res.kind_case = SHIM__V1__RESULT__KIND_ECHO;
+		res.echo = &r;
+		echo_free(e);
+		op_end(st, &res);
+	}
+}
+
+static int echo_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	struct echo *e = st->op_data;
+	if (e->len + len > e->cap) {
+		/* cannot happen with a client that keeps to its credit (checked by conn) */
+		return err_set(err, ENOBUFS, NULL, "echo buffer full");
+	}
+	memcpy(e->buf + e->len, buf, len);
+	e->len += len;
+	e->fin = fin;
+	echo_pump(st);
+	return 0;
+}
+
+static void echo_cancel(struct stream *st)
+{
+	echo_free(st->op_data);
+}
+
+static const struct stream_ops echo_ops = {.data = echo_data, .writable = echo_pump, .cancel = echo_cancel};
+
+int op_sys_echo(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	(void)req;
+	struct echo *e = calloc(1, sizeof(*e));
+	if (e == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	e->cap = st->recv_left;
+	e->buf = malloc(e->cap ? e->cap : 1);
+	if (e->buf == NULL) {
+		free(e);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	st->ops = &echo_ops;
+	st->op_data = e;
+	return 0;
+}

@@ -1,0 +1,160 @@
+/* server.c: the daemon's global state, signal handling and graceful shutdown. */
+#include "server.h"
+#include "conn.h"
+#include "frame.h"
+#include "listen.h"
+#include "log.h"
+#include "util.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct server *srv;
+
+const char *const server_features[] = {"info", "echo", NULL};
+
+void server_config_defaults(struct server_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->max_connections = 1024;
+	cfg->max_streams = 256;
+	cfg->max_frame = FRAME_DEFAULT_MAX;
+	cfg->initial_window = FRAME_DEFAULT_WINDOW;
+	cfg->workers = 4;
+	cfg->max_workers = 64;
+	cfg->keepalive = 60;
+	cfg->shutdown_timeout = 10;
+	cfg->socket_gid = (gid_t)-1;
+}
+
+static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct server *s = container_of(w, struct server, prepare);
+	for (struct conn *c = s->conns, *next; c != NULL; c = next) {
+		next = c->next;
+		if (c->want_flush)
+			conn_flush(c);
+	}
+	conn_reap_dead(s);
+	if (s->shutting_down && s->conns == NULL) {
+		ev_timer_stop(loop, &s->shutdown_timer);
+		ev_break(loop, EVBREAK_ALL);
+	}
+}
+
+static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct server *s = srv;
+	server_shutdown(s, w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void shutdown_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	(void)w;
+	log_warn("shutdown: timeout; closing the remaining connections");
+	for (struct conn *c = srv->conns, *next; c != NULL; c = next) {
+		next = c->next;
+		conn_close(c, "shutdown timeout");
+	}
+	conn_reap_dead(srv);
+	ev_break(loop, EVBREAK_ALL);
+}
+
+static void read_small_file(const char *path, char *buf, size_t size)
+{
+	buf[0] = '\0';
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	ssize_t n = read(fd, buf, size - 1);
+	close(fd);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	buf[strcspn(buf, "\n")] = '\0';
+}
+
+int server_init(struct server *s, struct ev_loop *loop)
+{
+	s->loop = loop;
+	s->start_ns = mono_ns();
+	s->pid = getpid();
+	s->pid1 = s->pid == 1;
+	if (gethostname(s->hostname, sizeof(s->hostname) - 1) < 0)
+		s->hostname[0] = '\0';
+	/* start-up may block: the loop is not running yet */
+	read_small_file("/proc/sys/kernel/random/boot_id", s->boot_id, sizeof(s->boot_id));
+	srv = s;
+
+	signal(SIGPIPE, SIG_IGN);
+	ev_signal_init(&s->sig_term, signal_cb, SIGTERM);
+	ev_signal_init(&s->sig_int, signal_cb, SIGINT);
+	ev_signal_start(loop, &s->sig_term);
+	ev_signal_start(loop, &s->sig_int);
+	ev_unref(loop);
+	ev_unref(loop);
+	ev_prepare_init(&s->prepare, prepare_cb);
+	ev_prepare_start(loop, &s->prepare);
+	ev_unref(loop);
+	ev_init(&s->shutdown_timer, shutdown_timeout_cb);
+	if (worker_init(loop, s->cfg.workers, s->cfg.max_workers) < 0) {
+		log_error("cannot start worker threads: %s", strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int server_add_listener(struct server *s, struct listener *l)
+{
+	if (s->n_listeners >= SHIM_MAX_LISTENERS)
+		return -1;
+	s->listeners[s->n_listeners++] = l;
+	listener_start(l);
+	return 0;
+}
+
+void server_shutdown(struct server *s, const char *why)
+{
+	if (s->shutting_down)
+		return;
+	s->shutting_down = true;
+	log_info("shutting down (%s)", why);
+	for (unsigned i = 0; i < s->n_listeners; i++)
+		listener_close(s->listeners[i]);
+	for (struct conn *c = s->conns, *next; c != NULL; c = next) {
+		next = c->next;
+		conn_shutdown(c);
+	}
+	s->shutdown_timer.repeat = s->cfg.shutdown_timeout;
+	/* the prepare watcher ends the loop once every connection has closed; the
+	 * timer bounds how long that may take */
+	ev_timer_again(s->loop, &s->shutdown_timer);
+}
+
+void server_free(struct server *s)
+{
+	for (unsigned i = 0; i < s->n_listeners; i++) {
+		listener_close(s->listeners[i]);
+		free(s->listeners[i]);
+	}
+	s->n_listeners = 0;
+	for (struct conn *c = s->conns, *next; c != NULL; c = next) {
+		next = c->next;
+		conn_close(c, "exit");
+	}
+	conn_reap_dead(s);
+	worker_shutdown();
+	free(s->cfg.token);
+	s->cfg.token = NULL;
+}

@@ -1,0 +1,155 @@
+/* worker.c: a growing thread pool; results are handed back to the libev loop through ev_async. */
+#include "worker.h"
+#include "log.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct work *queue, **queue_tail;
+	struct work *done, **done_tail;
+	unsigned threads, idle, max_threads, pending;
+	bool stopping;
+	struct ev_loop *loop;
+	ev_async async;
+} pool = {
+	.mu = PTHREAD_MUTEX_INITIALIZER,
+	.cv = PTHREAD_COND_INITIALIZER,
+};
+
+static void *worker_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&pool.mu);
+	for (;;) {
+		while (pool.queue == NULL && !pool.stopping) {
+			pool.idle++;
+			pthread_cond_wait(&pool.cv, &pool.mu);
+			pool.idle--;
+		}
+		if (pool.queue == NULL)
+			break;
+		struct work *w = pool.queue;
+		pool.queue = w->next;
+		if (pool.queue == NULL)
+			pool.queue_tail = &pool.queue;
+		pthread_mutex_unlock(&pool.mu);
+
+		w->run(w);
+
+		pthread_mutex_lock(&pool.mu);
+		w->next = NULL;
+		*pool.done_tail = w;
+		pool.done_tail = &w->next;
+		ev_async_send(pool.loop, &pool.async);
+	}
+	pool.threads--;
+	pthread_mutex_unlock(&pool.mu);
+	return NULL;
+}
+
+/* Called with pool.mu held. */
+static int spawn_thread(void)
+{
+	pthread_t t;
+	pthread_attr_t attr;
+	sigset_t all, old;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 << 10);
+	/* Workers never take signals: the loop thread handles them all. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int rc = pthread_create(&t, &attr, worker_main, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (rc != 0) {
+		errno = rc;
+		return -1;
+	}
+	pool.threads++;
+	return 0;
+}
+
+static void done_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	pthread_mutex_lock(&pool.mu);
+	struct work *list = pool.done;
+	pool.done = NULL;
+	pool.done_tail = &pool.done;
+	pthread_mutex_unlock(&pool.mu);
+	while (list != NULL) {
+		struct work *next = list->next;
+		pool.pending--;
+		list->done(list);
+		list = next;
+	}
+}
+
+int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads)
+{
+	pool.loop = loop;
+	pool.queue_tail = &pool.queue;
+	pool.done_tail = &pool.done;
+	pool.max_threads = max_threads < min_threads ? min_threads : max_threads;
+	ev_async_init(&pool.async, done_cb);
+	ev_async_start(loop, &pool.async);
+	/* the async watcher must not keep the loop alive on its own */
+	ev_unref(loop);
+	pthread_mutex_lock(&pool.mu);
+	for (unsigned i = 0; i < min_threads; i++) {
+		if (spawn_thread() < 0) {
+			pthread_mutex_unlock(&pool.mu);
+			return -1;
+		}
+	}
+	pthread_mutex_unlock(&pool.mu);
+	return 0;
+}
+
+void worker_submit(struct work *w)
+{
+	w->next = NULL;
+	pool.pending++;
+	pthread_mutex_lock(&pool.mu);
+	*pool.queue_tail = w;
+	pool.queue_tail = &w->next;
+	if (pool.idle == 0 && pool.threads < pool.max_threads && spawn_thread() < 0)
+		log_warn("worker: cannot start a thread: %s", strerror(errno));
+	pthread_cond_signal(&pool.cv);
+	pthread_mutex_unlock(&pool.mu);
+}
+
+unsigned worker_threads(void)
+{
+	pthread_mutex_lock(&pool.mu);
+	unsigned n = pool.threads;
+	pthread_mutex_unlock(&pool.mu);
+	return n;
+}
+
+unsigned worker_pending(void)
+{
+	return pool.pending;
+}
+
+void worker_shutdown(void)
+{
+	pthread_mutex_lock(&pool.mu);
+	pool.stopping = true;
+	pthread_cond_broadcast(&pool.cv);
+	pthread_mutex_unlock(&pool.mu);
+	if (pool.loop != NULL) {
+		ev_ref(pool.loop);
+		ev_async_stop(pool.loop, &pool.async);
+	}
+}

@@ -1,0 +1,31 @@
+/* worker.h: the thread pool that runs every blocking call off the event loop. */
+#ifndef SHIM_WORKER_H
+#define SHIM_WORKER_H
+
+#include <stdbool.h>
+
+struct ev_loop;
+struct work;
+
+typedef void (*work_fn)(struct work *w);
+
+/* Embed in the job's owner and recover it with container_of. run() executes on a
+ * pool thread; done() then runs on the loop thread. The owner must stay alive until
+ * done() has run: a cancelled operation marks itself orphaned and lets done() free it. */
+struct work {
+	work_fn run;
+	work_fn done;
+	struct work *next;
+};
+
+/* Start the pool: min_threads at once, growing to max_threads while every thread is
+ * busy (so a few calls stuck on a hung mount cannot starve the rest). */
+int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads);
+void worker_submit(struct work *w);
+/* Threads running now, and jobs not finished (queued or running). */
+unsigned worker_threads(void);
+unsigned worker_pending(void);
+/* Stop idle threads; threads stuck in a call are left to die with the process. */
+void worker_shutdown(void);
+
+#endif

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Run the shim with a short demo: `bash tests/demo.sh` (from any directory).
+#
+# Installs what is missing (tests/deps.sh), builds the daemon and the CLI in build/,
+# starts build/sandbox-shim on a unix socket in a fresh temporary directory, drives it
+# with build/sbx (each command is echoed before it runs), then stops the shim with
+# SIGTERM and checks that it exited cleanly.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+section()
+{
+	printf '\n==== %s ====\n' "$*"
+}
+
+section "dependencies (tests/deps.sh)"
+bash tests/deps.sh
+
+section "build (build/: sandbox-shim, sbx)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build -j2 --target sandbox-shim sbx-cli
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/sbx-demo.XXXXXX")
+sock="$dir/shim.sock"
+shim_pid=
+
+cleanup()
+{
+	local rc=$?
+	if [ -n "$shim_pid" ] && kill -0 "$shim_pid" 2>/dev/null; then
+		kill -TERM "$shim_pid" 2>/dev/null || true
+		for _ in $(seq 50); do
+			kill -0 "$shim_pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "$shim_pid" 2>/dev/null || true
+		wait "$shim_pid" 2>/dev/null || true
+	fi
+	if [ -s "$dir/shim.log" ]; then
+		section "shim log ($dir/shim.log)"
+		cat "$dir/shim.log"
+	fi
+	rm -rf "$dir"
+	exit "$rc"
+}
+trap cleanup EXIT
+
+# run CMD...: print the command, then run it.
+run()
+{
+	local rc=0
+	printf '\n$ %s\n' "$*"
+	"$@" || rc=$?
+	if [ "$rc" -ne 0 ]; then
+		echo "demo: '$*' failed with exit status $rc" >&2
+		exit "$rc"
+	fi
+}
+
+section "start the shim"
+echo "\$ build/sandbox-shim --listen unix:$sock --log-level info &"
+build/sandbox-shim --listen "unix:$sock" --log-level info >"$dir/shim.log" 2>&1 &
+shim_pid=$!
+echo "shim pid $shim_pid (log: $dir/shim.log, printed at the end)"
+
+SBX=(build/sbx -t "unix:$sock")
+
+section "system calls"
+run "${SBX[@]}" ping --wait 5
+run "${SBX[@]}" info
+run "${SBX[@]}" --json info
+run "${SBX[@]}" echo --size 64M
+run "${SBX[@]}" --trace ping
+
+# ---- more demos go here (later issues: files, exec, backups, mounts, tunnels) ----
+# Add them above the "stop the shim" section, each under its own section header,
+# using run "${SBX[@]}" ... so the command is echoed.
+
+section "stop the shim (SIGTERM)"
+echo "\$ kill -TERM $shim_pid"
+kill -TERM "$shim_pid"
+rc=0
+for _ in $(seq 100); do
+	kill -0 "$shim_pid" 2>/dev/null || break
+	sleep 0.1
+done
+if kill -0 "$shim_pid" 2>/dev/null; then
+	echo "the shim did not exit within 10 s of SIGTERM" >&2
+	exit 1
+fi
+wait "$shim_pid" || rc=$?
+shim_pid=
+echo "shim exited with status $rc"
+if [ "$rc" -ne 0 ]; then
+	echo "expected exit status 0 after SIGTERM" >&2
+	exit 1
+fi
+
+section "demo done"

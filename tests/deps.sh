@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Install what sandbox-shim needs to build, test and demo, from Debian 12's packages.
+#
+# Idempotent: checks every package with dpkg-query and runs apt-get (update +
+# install) only when something is missing, so a second run is a quick no-op.
+# Runs as root; otherwise through sudo when there is one.
+#
+# Usage: bash tests/deps.sh
+set -euo pipefail
+
+# ---- the package list: add new dependencies here, one a line ----
+PACKAGES=(
+	# toolchain
+	build-essential # gcc, make, libc6-dev, binutils (readelf for the static check)
+	cmake
+	pkg-config
+	git
+	ca-certificates
+	clang        # libFuzzer harness (SHIM_FUZZ)
+	clang-format # style check in tests/run-tests.sh
+	file         # tells a static binary from a dynamic one
+	# libraries (headers and static archives)
+	libev-dev
+	libprotobuf-c-dev
+	protobuf-c-compiler
+	libcap-dev
+	libseccomp-dev
+	libarchive-dev
+	# unit tests (Check; its pkg-config file needs subunit)
+	check
+	libsubunit-dev
+	# integration tests and the demo
+	socat
+	python3
+	procps     # ps, pgrep, free
+	util-linux # unshare, setsid, flock
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+	if [ "$status" != "install ok installed" ]; then
+		missing+=("$pkg")
+	fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+	echo "deps: all ${#PACKAGES[@]} packages present"
+	exit 0
+fi
+
+echo "deps: installing ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+	as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+	as_root=(sudo)
+else
+	echo "deps: missing packages (${missing[*]}) and not root, no sudo: install them as root" >&2
+	exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+echo "deps: done"

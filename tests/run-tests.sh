@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Run every test: `bash tests/run-tests.sh` (from any directory).
+#
+#   1. tests/deps.sh                     install what is missing (Debian 12 packages)
+#   2. clang-format check                *.c/*.h under shim/ sdk/ proto/ tests/ (if clang-format is installed)
+#   3. build/         RelWithDebInfo, -Werror, then ctest
+#   4. build-asan/    Debug, ASan+UBSan, then ctest        (skipped with SBX_SKIP_ASAN=1)
+#   5. build-static/  the daemon linked fully statically, checked to have no dynamic dependencies
+#
+# A failing section does not stop the later ones; the script exits non-zero if any failed.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$(pwd)
+JOBS=2
+
+failed=()
+tests_passed=0
+tests_failed=0
+
+section()
+{
+	printf '\n==== %s ====\n' "$*"
+}
+
+# ok/fail NAME: record a section's outcome.
+ok()
+{
+	printf -- '---- %s: OK\n' "$1"
+}
+fail()
+{
+	printf -- '---- %s: FAILED\n' "$1"
+	failed+=("$1")
+}
+
+# run_ctest DIR: ctest in DIR; adds its counts to the totals.
+run_ctest()
+{
+	local dir=$1 log rc line
+	log=$(mktemp)
+	ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$JOBS" 2>&1 | tee "$log"
+	rc=${PIPESTATUS[0]}
+	# "100% tests passed, 0 tests failed out of 12"
+	line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+	if [ -n "$line" ]; then
+		local nfail total
+		nfail=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+		total=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"$line")
+		tests_passed=$((tests_passed + total - nfail))
+		tests_failed=$((tests_failed + nfail))
+	fi
+	rm -f "$log"
+	return "$rc"
+}
+
+# build_and_test NAME DIR CMAKE_ARGS...: configure, build, ctest.
+build_and_test()
+{
+	local name=$1 dir=$2
+	shift 2
+	section "$name: configure ($dir)"
+	if ! cmake -S "$ROOT" -B "$dir" "$@"; then
+		fail "$name"
+		return
+	fi
+	section "$name: build"
+	if ! cmake --build "$dir" -j"$JOBS"; then
+		fail "$name"
+		return
+	fi
+	section "$name: ctest"
+	if ! run_ctest "$dir"; then
+		fail "$name"
+		return
+	fi
+	ok "$name"
+}
+
+# ---- 1. dependencies ----
+section "dependencies (tests/deps.sh)"
+if ! bash "$ROOT/tests/deps.sh"; then
+	fail "dependencies"
+	echo "cannot go on without the dependencies" >&2
+	exit 1
+fi
+
+# ---- 2. formatting ----
+section "format (clang-format --dry-run --Werror)"
+if command -v clang-format >/dev/null 2>&1; then
+	clang-format --version
+	mapfile -d '' sources < <(find shim sdk proto tests -type f \( -name '*.c' -o -name '*.h' \) \
+		-not -path 'tests/fuzz/corpus/*' -print0 2>/dev/null | sort -z)
+	bad=()
+	for f in "${sources[@]}"; do
+		if ! clang-format --style=file --dry-run --Werror "$f" >/dev/null 2>&1; then
+			bad+=("$f")
+		fi
+	done
+	if [ "${#bad[@]}" -eq 0 ]; then
+		echo "${#sources[@]} files formatted as .clang-format says"
+		ok "format"
+	else
+		echo "not formatted as .clang-format says (fix with: clang-format -i FILE...):"
+		printf '  %s\n' "${bad[@]}"
+		fail "format"
+	fi
+else
+	echo "clang-format not installed: skipped"
+fi
+
+# ---- 3. main build ----
+build_and_test "build" build -DSHIM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+# ---- 4. sanitizers ----
+if [ "${SBX_SKIP_ASAN:-0}" = 1 ]; then
+	section "asan: skipped (SBX_SKIP_ASAN=1)"
+else
+	export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+	export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+	build_and_test "asan" build-asan -DSHIM_WERROR=ON -DSHIM_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	unset ASAN_OPTIONS UBSAN_OPTIONS
+fi
+
+# ---- 5. static daemon ----
+static_check()
+{
+	local bin=build-static/sandbox-shim
+	section "static: configure (build-static)"
+	cmake -S "$ROOT" -B build-static -DSHIM_STATIC=ON -DSHIM_WERROR=ON -DSHIM_TESTS=OFF \
+		-DCMAKE_BUILD_TYPE=Release || return 1
+	section "static: build (target sandbox-shim)"
+	cmake --build build-static -j"$JOBS" --target sandbox-shim || return 1
+	section "static: check $bin"
+	if command -v file >/dev/null 2>&1; then
+		file "$bin"
+	fi
+	ls -l "$bin"
+	# A static binary has no program interpreter and needs no shared library.
+	if readelf -lW "$bin" | grep -q 'Requesting program interpreter'; then
+		echo "$bin has a program interpreter (INTERP): not static" >&2
+		readelf -lW "$bin" | grep -A1 INTERP >&2
+		return 1
+	fi
+	if readelf -dW "$bin" | grep -q '(NEEDED)'; then
+		echo "$bin needs shared libraries: not static" >&2
+		readelf -dW "$bin" | grep '(NEEDED)' >&2
+		return 1
+	fi
+	echo "no INTERP, no NEEDED: static"
+	"$bin" --version || return 1
+}
+if static_check; then
+	ok "static"
+else
+	fail "static"
+fi
+
+# ---- summary ----
+section "summary"
+if [ "${#failed[@]}" -ne 0 ]; then
+	echo "FAILED sections: ${failed[*]}"
+else
+	echo "all sections passed"
+fi
+# ctest's counts added up over all builds, as the closing line.
+echo "tests: $tests_passed passed, $tests_failed failed"
+[ "${#failed[@]}" -eq 0 ]
