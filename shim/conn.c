@@ -24,8 +24,8 @@
 #define OUT_SOFT (1u << 20)
 #define OUT_STOP_READ (2u * OUT_SOFT)
 #define OUT_HARD (32u << 20)
-#define CHUNK_MIN (64u << 10)
-#define IN_START (64u << 10)
+#define CHUNK_MIN (FRAME_DATA_CHUNK + 2 * FRAME_HDR_LEN)
+#define IN_START (16u << 10)
 #define LINGER_SECONDS 5.0
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
@@ -79,18 +79,49 @@ struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, 
 
 /* ---- output ---- */
 
+/* Spare output chunks of the standard size, shared by all connections: a busy stream
+ * reuses the same few buffers instead of making malloc grow and trim the heap (and
+ * fault in fresh pages) for every frame. */
+#define SPARE_MAX 32
+static struct obuf_chunk *spare;
+static unsigned nspare;
+
+static struct obuf_chunk *chunk_get(size_t need)
+{
+	if (need <= CHUNK_MIN && spare != NULL) {
+		struct obuf_chunk *k = spare;
+		spare = k->next;
+		nspare--;
+		return k;
+	}
+	size_t cap = need > CHUNK_MIN ? need : CHUNK_MIN;
+	struct obuf_chunk *k = malloc(sizeof(*k) + cap);
+	if (k != NULL)
+		k->cap = cap;
+	return k;
+}
+
+static void chunk_put(struct obuf_chunk *k)
+{
+	if (k->cap == CHUNK_MIN && nspare < SPARE_MAX) {
+		k->next = spare;
+		spare = k;
+		nspare++;
+		return;
+	}
+	free(k);
+}
+
 static int out_reserve(struct conn *c, size_t need)
 {
 	struct obuf_chunk *t = c->out_tail;
 	if (t != NULL && t->cap - t->len >= need)
 		return 0;
-	size_t cap = need > CHUNK_MIN ? need : CHUNK_MIN;
-	struct obuf_chunk *n = malloc(sizeof(*n) + cap);
+	struct obuf_chunk *n = chunk_get(need);
 	if (n == NULL)
 		return -1;
 	n->next = NULL;
 	n->len = n->off = 0;
-	n->cap = cap;
 	if (t != NULL)
 		t->next = n;
 	else
@@ -206,7 +237,7 @@ void conn_flush(struct conn *c)
 				c->out_head = k->next;
 				if (c->out_head == NULL)
 					c->out_tail = NULL;
-				free(k);
+				chunk_put(k);
 			}
 		}
 	}
@@ -347,7 +378,7 @@ void conn_reap_dead(struct server *s)
 		while (c->out_head != NULL) {
 			struct obuf_chunk *k = c->out_head;
 			c->out_head = k->next;
-			free(k);
+			chunk_put(k);
 		}
 		if (c->wfd != c->rfd && c->wfd >= 0)
 			close(c->wfd);
@@ -405,6 +436,8 @@ size_t stream_can_send(const struct stream *st)
 		return 0;
 	if ((uint64_t)st->send_credit < room)
 		room = (size_t)st->send_credit;
+	if (room > FRAME_DATA_CHUNK)
+		room = FRAME_DATA_CHUNK;
 	if (room > st->conn->max_frame)
 		room = st->conn->max_frame;
 	return room;
@@ -735,6 +768,14 @@ static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	if (c->ping_out) {
 		conn_close(c, "no answer to keepalive PING");
 		return;
+	}
+	if (c->inlen == 0 && c->incap > IN_START) {
+		/* an idle connection gives back the room a big frame made it take */
+		uint8_t *n = realloc(c->in, IN_START);
+		if (n != NULL) {
+			c->in = n;
+			c->incap = IN_START;
+		}
 	}
 	static const char payload[] = "keepalive";
 	conn_send(c, 0, FRAME_PING, 0, payload, sizeof(payload) - 1);

@@ -40,7 +40,7 @@ static void usage(FILE *f)
 		   "  --max-connections N      (default 1024)\n"
 		   "  --max-streams N          streams in flight per connection (default 256)\n"
 		   "  --max-frame BYTES        largest frame payload (default 1048576)\n"
-		   "  --workers N              worker threads to start with (default 4; grows to 64)\n"
+		   "  --workers N              worker threads kept ready (default 1; grows to 64 under load)\n"
 		   "  --keepalive SECONDS      ping silent clients after this long; 0 = off (default 60)\n"
 		   "  --shutdown-timeout SECONDS  time to finish work on SIGTERM (default 10)\n"
 		   "\n"

@@ -26,7 +26,7 @@ void server_config_defaults(struct server_config *cfg)
 	cfg->max_streams = 256;
 	cfg->max_frame = FRAME_DEFAULT_MAX;
 	cfg->initial_window = FRAME_DEFAULT_WINDOW;
-	cfg->workers = 4;
+	cfg->workers = 1;
 	cfg->max_workers = 64;
 	cfg->keepalive = 60;
 	cfg->shutdown_timeout = 10;

@@ -7,13 +7,16 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <time.h>
+
+#define IDLE_EXIT_SECONDS 30
 
 static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct work *queue, **queue_tail;
 	struct work *done, **done_tail;
-	unsigned threads, idle, max_threads, pending;
+	unsigned threads, idle, min_threads, max_threads, pending;
 	bool stopping;
 	struct ev_loop *loop;
 	ev_async async;
@@ -27,9 +30,19 @@ static void *worker_main(void *arg)
 	(void)arg;
 	pthread_mutex_lock(&pool.mu);
 	for (;;) {
-		while (pool.queue == NULL && !pool.stopping) {
+		bool expired = false;
+		while (pool.queue == NULL && !pool.stopping && !expired) {
 			pool.idle++;
-			pthread_cond_wait(&pool.cv, &pool.mu);
+			if (pool.threads > pool.min_threads) {
+				/* a thread added under load goes away after a quiet spell */
+				struct timespec ts;
+				clock_gettime(CLOCK_REALTIME, &ts);
+				ts.tv_sec += IDLE_EXIT_SECONDS;
+				expired = pthread_cond_timedwait(&pool.cv, &pool.mu, &ts) == ETIMEDOUT &&
+					  pool.queue == NULL && pool.threads > pool.min_threads;
+			} else {
+				pthread_cond_wait(&pool.cv, &pool.mu);
+			}
 			pool.idle--;
 		}
 		if (pool.queue == NULL)
@@ -100,6 +113,7 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 	pool.loop = loop;
 	pool.queue_tail = &pool.queue;
 	pool.done_tail = &pool.done;
+	pool.min_threads = min_threads;
 	pool.max_threads = max_threads < min_threads ? min_threads : max_threads;
 	ev_async_init(&pool.async, done_cb);
 	ev_async_start(loop, &pool.async);

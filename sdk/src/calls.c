@@ -96,7 +96,7 @@ static struct call *start_request(struct sbx_client *c, const Shim__V1__Request 
 		return NULL;
 	}
 	shim__v1__request__pack(req, buf);
-	int rc = sbx__send(c, k->id, FRAME_REQUEST, 0, buf, n, deadline, err);
+	int rc = sbx__send_request(k, buf, n, deadline, err);
 	if (buf != small)
 		free(buf);
 	if (rc < 0) {
@@ -197,7 +197,7 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	size_t sent = 0, got = 0;
 	bool fin_sent = false, fin_got = false;
 	int rc = 0;
-	uint32_t chunk_max = c->max_frame;
+	uint32_t chunk_max = c->max_frame < FRAME_DATA_CHUNK ? c->max_frame : FRAME_DATA_CHUNK;
 	/* Send while we have credit, otherwise take in what came back: both directions
 	 * are bounded by their windows, so neither side buffers more than that. */
 	while (rc == 0 && (!fin_sent || !fin_got)) {

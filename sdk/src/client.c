@@ -80,8 +80,9 @@ static void client_kill(struct sbx_client *c, const struct sbx_error *err)
 
 /* ---- sending ---- */
 
-int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
-	      uint64_t deadline, struct sbx_error *err)
+/* Write one frame; the caller holds wmu. */
+static int send_locked(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
+		       uint64_t deadline, struct sbx_error *err)
 {
 	uint8_t hdr[FRAME_HDR_LEN];
 	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
@@ -91,7 +92,6 @@ int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags
 	struct sbx_error e;
 	bool broken = false;
 
-	pthread_mutex_lock(&c->wmu);
 	sbx__trace_frame(c, ">", &h, p);
 	while (sent < total) {
 		struct iovec v[2];
@@ -135,10 +135,8 @@ int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags
 		broken = true;
 		goto fail;
 	}
-	pthread_mutex_unlock(&c->wmu);
 	return 0;
 fail:
-	pthread_mutex_unlock(&c->wmu);
 	if (broken) {
 		pthread_mutex_lock(&c->mu);
 		client_kill(c, &e);
@@ -146,6 +144,30 @@ fail:
 	}
 	sbx__copy_error(err, &e);
 	return -1;
+}
+
+int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
+	      uint64_t deadline, struct sbx_error *err)
+{
+	pthread_mutex_lock(&c->wmu);
+	int rc = send_locked(c, stream, type, flags, p, len, deadline, err);
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
+}
+
+int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	/* The id is taken and the REQUEST written under one lock: ids must reach the
+	 * shim in increasing order, whatever the threads do. */
+	pthread_mutex_lock(&c->wmu);
+	pthread_mutex_lock(&c->mu);
+	k->id = c->next_id;
+	c->next_id += 2;
+	pthread_mutex_unlock(&c->mu);
+	int rc = send_locked(c, k->id, FRAME_REQUEST, 0, p, len, deadline, err);
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
 }
 
 /* ---- receiving ---- */
@@ -158,7 +180,7 @@ struct pending_pong {
 static struct call *find_call(struct sbx_client *c, uint32_t id, uint64_t seq)
 {
 	for (struct call *k = c->calls; k != NULL; k = k->next)
-		if (k->id == id && (id != 0 || k->ping_seq == seq))
+		if (k->id == id && (id != 0 || (!k->is_stream && k->ping_seq == seq)))
 			return k;
 	return NULL;
 }
@@ -393,8 +415,7 @@ struct call *sbx__call_new(struct sbx_client *c, bool stream)
 	k->start_ns = sbx__now_ns();
 	pthread_mutex_lock(&c->mu);
 	if (stream) {
-		k->id = c->next_id;
-		c->next_id += 2;
+		k->is_stream = true; /* the id comes with sbx__send_request() */
 		k->send_credit = c->peer_window;
 	} else {
 		k->ping_seq = ++c->next_ping;

@@ -28,7 +28,8 @@ typedef void (*call_done_fn)(struct call *k);
 struct call {
 	struct sbx_client *client;
 	struct call *next; /* in client->calls */
-	uint32_t id;       /* stream id; 0 for a ping */
+	uint32_t id;       /* stream id; 0 for a ping (and a stream before its REQUEST) */
+	bool is_stream;
 	uint64_t ping_seq;
 	uint64_t start_ns;
 	struct rx_item *rx_head, *rx_tail;
@@ -97,6 +98,8 @@ struct call *sbx__call_new(struct sbx_client *c, bool stream);
 /* Send one frame (header + payload) under the write lock; -1 with err. */
 int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
 	      uint64_t deadline, struct sbx_error *err);
+/* Take the call's stream id and send its REQUEST, atomically. */
+int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err);
 /* Wait until the call has a frame queued or is done. Returns 0, or -1 with err on
  * timeout, cancel or a dead connection (the call is then abandoned and CANCEL sent). */
 int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
