@@ -9,21 +9,132 @@
 #include "server.h"
 #include "shim.pb-c.h"
 #include "util.h"
+#include "worker.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct disp_entry {
 	Shim__V1__Request__KindCase kind;
 	const char *name;
-	op_start_fn start;
+	op_start_fn start;       /* operations that stream or keep state on the loop */
+	op_blocking_fn blocking; /* one-shot operations run whole on a worker */
 };
 
 /* One row per request kind; generic checks (limits, decoding) happen once, before. */
 static const struct disp_entry table[] = {
-	{SHIM__V1__REQUEST__KIND_INFO, "info", op_sys_info},
-	{SHIM__V1__REQUEST__KIND_ECHO, "echo", op_sys_echo},
+	{SHIM__V1__REQUEST__KIND_INFO, "info", op_sys_info, NULL},
+	{SHIM__V1__REQUEST__KIND_ECHO, "echo", op_sys_echo, NULL},
+	{SHIM__V1__REQUEST__KIND_STAT, "stat", NULL, op_fs_stat},
+	{SHIM__V1__REQUEST__KIND_READ, "read", op_fs_read, NULL},
+	{SHIM__V1__REQUEST__KIND_WRITE, "write", op_fs_write, NULL},
+	{SHIM__V1__REQUEST__KIND_LIST, "list", op_fs_list, NULL},
+	{SHIM__V1__REQUEST__KIND_MKDIR, "mkdir", NULL, op_fs_mkdir},
+	{SHIM__V1__REQUEST__KIND_REMOVE, "remove", NULL, op_fs_remove},
+	{SHIM__V1__REQUEST__KIND_RENAME, "rename", NULL, op_fs_rename},
+	{SHIM__V1__REQUEST__KIND_COPY, "copy", NULL, op_fs_copy},
+	{SHIM__V1__REQUEST__KIND_CHMOD, "chmod", NULL, op_fs_chmod},
+	{SHIM__V1__REQUEST__KIND_CHOWN, "chown", NULL, op_fs_chown},
+	{SHIM__V1__REQUEST__KIND_SYMLINK, "symlink", NULL, op_fs_symlink},
+	{SHIM__V1__REQUEST__KIND_READLINK, "readlink", NULL, op_fs_readlink},
+	{SHIM__V1__REQUEST__KIND_LINK, "link", NULL, op_fs_link},
+	{SHIM__V1__REQUEST__KIND_TRUNCATE, "truncate", NULL, op_fs_truncate},
+	{SHIM__V1__REQUEST__KIND_SET_TIMES, "set_times", NULL, op_fs_set_times},
+	{SHIM__V1__REQUEST__KIND_REALPATH, "realpath", NULL, op_fs_realpath},
+	{SHIM__V1__REQUEST__KIND_STATFS, "statfs", NULL, op_fs_statfs},
+	{SHIM__V1__REQUEST__KIND_WATCH, "watch", op_fs_watch, NULL},
 };
+
+/* ---- blocking operations ---- */
+
+struct blocking_job {
+	struct work work;
+	struct stream *st; /* NULL once the stream has ended without us */
+	op_blocking_fn fn;
+	uint8_t *payload; /* the REQUEST, decoded again on the worker */
+	size_t len;
+	int rc;
+	struct op_reply reply;
+	struct shim_err err;
+};
+
+static void blocking_run(struct work *w)
+{
+	struct blocking_job *j = container_of(w, struct blocking_job, work);
+	Shim__V1__Request *req = shim__v1__request__unpack(NULL, j->len, j->payload);
+	if (req == NULL) {
+		j->rc = err_set(&j->err, ENOMEM, NULL, "cannot decode the request again");
+		return;
+	}
+	j->rc = j->fn(req, &j->reply, &j->err);
+	shim__v1__request__free_unpacked(req, NULL);
+}
+
+static void blocking_done(struct work *w)
+{
+	struct blocking_job *j = container_of(w, struct blocking_job, work);
+	if (j->st != NULL) {
+		if (j->rc == 0)
+			stream_end(j->st, j->reply.buf, j->reply.len);
+		else
+			stream_fail(j->st, &j->err);
+	}
+	free(j->reply.buf);
+	free(j->payload);
+	free(j);
+}
+
+static void blocking_cancel(struct stream *st)
+{
+	struct blocking_job *j = st->op_data;
+	j->st = NULL;
+	worker_interrupt(&j->work);
+}
+
+static const struct stream_ops blocking_ops = {.cancel = blocking_cancel};
+
+static int start_blocking(struct stream *st, op_blocking_fn fn, const uint8_t *payload, size_t len,
+			  struct shim_err *err)
+{
+	struct blocking_job *j = calloc(1, sizeof(*j));
+	if (j == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	j->payload = malloc(len ? len : 1);
+	if (j->payload == NULL) {
+		free(j);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	memcpy(j->payload, payload, len);
+	j->len = len;
+	j->fn = fn;
+	j->st = st;
+	j->work.run = blocking_run;
+	j->work.done = blocking_done;
+	st->ops = &blocking_ops;
+	st->op_data = j;
+	worker_submit(&j->work);
+	return 0;
+}
+
+int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err)
+{
+	size_t n = shim__v1__result__get_packed_size(res);
+	reply->buf = malloc(n ? n : 1);
+	if (reply->buf == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	reply->len = shim__v1__result__pack(res, reply->buf);
+	return 0;
+}
+
+int op_reply_done(struct op_reply *reply, struct shim_err *err)
+{
+	Shim__V1__Done d = SHIM__V1__DONE__INIT;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
+	res.done = &d;
+	return op_reply_pack(reply, &res, err);
+}
 
 unsigned disp_kinds(void)
 {
@@ -124,6 +235,9 @@ int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct s
 		/* a kind this shim does not know (newer client): the field was skipped as
 		 * unknown, so no oneof case is set */
 		rc = err_set(err, ENOSYS, NULL, "unknown request kind");
+	} else if (e->blocking != NULL) {
+		log_debug("conn %s: stream %u: %s", st->conn->peer, st->id, e->name);
+		rc = start_blocking(st, e->blocking, payload, len, err);
 	} else {
 		log_debug("conn %s: stream %u: %s", st->conn->peer, st->id, e->name);
 		rc = e->start(st, req, err);

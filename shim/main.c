@@ -1,6 +1,7 @@
 /* main.c: sandbox-shim's entry point: options, listeners, the event loop. */
 #include "conn.h"
 #include "frame.h"
+#include "fs.h"
 #include "listen.h"
 #include "log.h"
 #include "server.h"
@@ -64,6 +65,8 @@ enum {
 	OPT_SHUTDOWN_TIMEOUT,
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
+	OPT_ROOT,
+	OPT_STATE_DIR,
 };
 
 static const struct option options[] = {
@@ -81,6 +84,8 @@ static const struct option options[] = {
 	{"keepalive", required_argument, NULL, OPT_KEEPALIVE},
 	{"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+	{"root", required_argument, NULL, OPT_ROOT},
+	{"state-dir", required_argument, NULL, OPT_STATE_DIR},
 	{"version", no_argument, NULL, OPT_VERSION},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
@@ -147,6 +152,33 @@ static int read_token(const char *path, struct server_config *cfg)
 	cfg->token[n] = '\0';
 	cfg->token_len = (size_t)n;
 	explicit_bzero(buf, sizeof(buf));
+	return 0;
+}
+
+/* Create the private state directory (0700, ours) if needed. Start-up only. */
+static int state_dir_init(struct server_config *cfg)
+{
+	if (cfg->state_dir[0] == '\0') {
+		const char *xdg = getenv("XDG_RUNTIME_DIR");
+		if (getuid() == 0)
+			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/run/sandbox-shim");
+		else if (xdg != NULL && xdg[0] == '/')
+			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s/sandbox-shim", xdg);
+		else
+			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/tmp/sandbox-shim-%u", (unsigned)getuid());
+	}
+	if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "sandbox-shim: state dir %s: %s\n", cfg->state_dir, strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	if (lstat(cfg->state_dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+	    (st.st_mode & 077) != 0) {
+		/* someone else's, or readable by others: credentials and journals go here */
+		fprintf(stderr, "sandbox-shim: state dir %s must be a directory of ours with mode 0700\n",
+			cfg->state_dir);
+		return -1;
+	}
 	return 0;
 }
 
@@ -224,6 +256,14 @@ int main(int argc, char **argv)
 			log_max_level = (enum log_level)l;
 			break;
 		}
+		case OPT_ROOT:
+			s.cfg.root = optarg;
+			break;
+		case OPT_STATE_DIR:
+			if (optarg[0] != '/' || strlen(optarg) >= sizeof(s.cfg.state_dir))
+				die_usage("bad --state-dir '%s' (want an absolute path)", optarg);
+			snprintf(s.cfg.state_dir, sizeof(s.cfg.state_dir), "%s", optarg);
+			break;
 		case OPT_VERSION:
 			printf("sandbox-shim %s (shim protocol %u)\n", SHIM_VERSION, SHIM_PROTOCOL_VERSION);
 			return 0;
@@ -240,6 +280,13 @@ int main(int argc, char **argv)
 	if (!use_stdio && n_listens == 0)
 		die_usage("nothing to serve: give --stdio or --listen ADDR");
 	if (token_file != NULL && read_token(token_file, &s.cfg) < 0)
+		return 1;
+	struct shim_err serr;
+	if (fs_init(s.cfg.root, &serr) < 0) {
+		fprintf(stderr, "sandbox-shim: --root %s: %s: %s\n", s.cfg.root, serr.msg, strerror(serr.code));
+		return 1;
+	}
+	if (state_dir_init(&s.cfg) < 0)
 		return 1;
 
 	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);

@@ -7,6 +7,22 @@
 
 struct stream;
 
+/* A packed Result made on a worker thread, handed to the loop to send. */
+struct op_reply {
+	uint8_t *buf;
+	size_t len;
+};
+/* Pack res into reply (on the worker). -1 with err (ENOMEM). */
+int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err);
+/* Reply with Result.done. */
+int op_reply_done(struct op_reply *reply, struct shim_err *err);
+
+/* A blocking operation: runs whole on a worker thread, never on the loop. Returns 0
+ * with reply packed, or -1 with err. If the client cancels meanwhile, the stream ends
+ * with ECANCELED at once and the worker is interrupted (a blocking syscall gets
+ * EINTR where the kernel allows it); the reply is then dropped. */
+typedef int (*op_blocking_fn)(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+
 /* Start the operation on st. Return 0 when the op has taken over the stream (it ends
  * it with stream_end/stream_fail, now or later), or -1 with err to fail it at once. */
 typedef int (*op_start_fn)(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
@@ -14,6 +30,31 @@ typedef int (*op_start_fn)(struct stream *st, const Shim__V1__Request *req, stru
 /* op_sys.c */
 int op_sys_info(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_sys_echo(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+
+/* op_fs.c: one-shot file operations (blocking, on workers) */
+int op_fs_stat(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_mkdir(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_chmod(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_chown(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_symlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_readlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_link(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_set_times(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_realpath(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+int op_fs_statfs(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+/* op_fs_copy.c */
+int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+
+/* op_fs_io.c: streamed read and write */
+int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+/* op_fs_list.c */
+int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+/* op_fs_watch.c */
+int op_fs_watch(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
 /* End st with END carrying result (packed here). */
 void op_end(struct stream *st, const Shim__V1__Result *result);

@@ -29,6 +29,8 @@ struct server_config {
 	gid_t socket_gid; /* (gid_t)-1: leave as created */
 	uid_t allow_uids[SHIM_MAX_ALLOW_UIDS];
 	unsigned n_allow_uids;
+	const char *root;    /* --root: every file path resolves beneath it (NULL: "/") */
+	char state_dir[256]; /* private runtime state: pending-write journal, ... (0700) */
 };
 
 struct server {

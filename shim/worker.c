@@ -25,6 +25,15 @@ static struct {
 	.cv = PTHREAD_COND_INITIALIZER,
 };
 
+#define INTERRUPT_SIGNAL SIGURG
+static sigset_t interrupt_set;
+
+static void interrupt_handler(int sig)
+{
+	/* nothing: being delivered without SA_RESTART is what makes the syscall return */
+	(void)sig;
+}
+
 static void *worker_main(void *arg)
 {
 	(void)arg;
@@ -51,11 +60,25 @@ static void *worker_main(void *arg)
 		pool.queue = w->next;
 		if (pool.queue == NULL)
 			pool.queue_tail = &pool.queue;
+		bool skip = __atomic_load_n(&w->cancelled, __ATOMIC_ACQUIRE);
+		w->state = WORK_RUNNING;
+		w->thread = (unsigned long)pthread_self();
 		pthread_mutex_unlock(&pool.mu);
 
-		w->run(w);
+		if (!skip) {
+			/* The interrupt signal is let in only while the job runs; one that
+			 * arrives late stays pending and is swallowed below, so it can never
+			 * hit the next job. */
+			pthread_sigmask(SIG_UNBLOCK, &interrupt_set, NULL);
+			w->run(w);
+			pthread_sigmask(SIG_BLOCK, &interrupt_set, NULL);
+		}
 
 		pthread_mutex_lock(&pool.mu);
+		w->state = WORK_FINISHED;
+		struct timespec zero = {0, 0};
+		while (sigtimedwait(&interrupt_set, NULL, &zero) > 0)
+			;
 		w->next = NULL;
 		*pool.done_tail = w;
 		pool.done_tail = &w->next;
@@ -110,6 +133,11 @@ static void done_cb(struct ev_loop *loop, ev_async *w, int revents)
 
 int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads)
 {
+	sigemptyset(&interrupt_set);
+	sigaddset(&interrupt_set, INTERRUPT_SIGNAL);
+	struct sigaction sa = {.sa_handler = interrupt_handler};
+	sigemptyset(&sa.sa_mask);
+	sigaction(INTERRUPT_SIGNAL, &sa, NULL);
 	pool.loop = loop;
 	pool.queue_tail = &pool.queue;
 	pool.done_tail = &pool.done;
@@ -133,6 +161,8 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 void worker_submit(struct work *w)
 {
 	w->next = NULL;
+	w->state = WORK_QUEUED;
+	w->cancelled = false;
 	pool.pending++;
 	pthread_mutex_lock(&pool.mu);
 	*pool.queue_tail = w;
@@ -141,6 +171,20 @@ void worker_submit(struct work *w)
 		log_warn("worker: cannot start a thread: %s", strerror(errno));
 	pthread_cond_signal(&pool.cv);
 	pthread_mutex_unlock(&pool.mu);
+}
+
+void worker_interrupt(struct work *w)
+{
+	pthread_mutex_lock(&pool.mu);
+	__atomic_store_n(&w->cancelled, true, __ATOMIC_RELEASE);
+	if (w->state == WORK_RUNNING)
+		pthread_kill((pthread_t)w->thread, INTERRUPT_SIGNAL);
+	pthread_mutex_unlock(&pool.mu);
+}
+
+bool worker_cancelled(const struct work *w)
+{
+	return __atomic_load_n(&w->cancelled, __ATOMIC_ACQUIRE);
 }
 
 unsigned worker_threads(void)

@@ -16,12 +16,26 @@ struct work {
 	work_fn run;
 	work_fn done;
 	struct work *next;
+	/* owned by the pool */
+	int state; /* WORK_QUEUED, WORK_RUNNING, WORK_FINISHED */
+	bool cancelled;
+	unsigned long thread;
 };
+
+enum { WORK_QUEUED = 0, WORK_RUNNING = 1, WORK_FINISHED = 2 };
 
 /* Start the pool: min_threads at once, growing to max_threads while every thread is
  * busy (so a few calls stuck on a hung mount cannot starve the rest). */
 int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads);
 void worker_submit(struct work *w);
+/* The job's result is no longer wanted: if it has not started, run() is skipped
+ * (done() still runs); if it is running, its thread gets a signal so that a
+ * blocking syscall returns EINTR (a FIFO open, a read on a pipe; not every wait in
+ * the kernel can be interrupted). Loop thread only. */
+void worker_interrupt(struct work *w);
+/* True once worker_interrupt() was called: run() may poll it between steps. */
+bool worker_cancelled(const struct work *w);
+
 /* Threads running now, and jobs not finished (queued or running). */
 unsigned worker_threads(void);
 unsigned worker_pending(void);

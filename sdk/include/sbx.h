@@ -186,6 +186,171 @@ SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, str
 SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, const void *data, size_t len, void *out,
 		     struct sbx_error *err);
 
+/* ---- files ----
+ * Paths are absolute and NUL-terminated; with the shim's --root they resolve beneath
+ * that directory. Failures carry the shim's errno and the path concerned. */
+
+enum sbx_file_type {
+	SBX_FT_UNKNOWN = 0,
+	SBX_FT_FILE = 1,
+	SBX_FT_DIRECTORY = 2,
+	SBX_FT_SYMLINK = 3,
+	SBX_FT_FIFO = 4,
+	SBX_FT_SOCKET = 5,
+	SBX_FT_BLOCK_DEVICE = 6,
+	SBX_FT_CHARACTER_DEVICE = 7,
+};
+/* "file", "directory", "symlink", "fifo", "socket", "block_device", "character_device"
+ * ("unknown" otherwise). */
+SBX_API const char *sbx_file_type_name(int type);
+
+struct sbx_timespec {
+	int64_t sec;
+	uint32_t nsec;
+};
+
+struct sbx_stat {
+	int type; /* enum sbx_file_type */
+	uint64_t size;
+	uint32_t mode; /* permission bits with setuid/setgid/sticky (st_mode & 07777) */
+	uint32_t uid;
+	uint32_t gid;
+	uint64_t nlink;
+	uint64_t inode;
+	uint64_t device;
+	uint64_t rdev;
+	uint64_t blocks; /* 512-byte blocks allocated */
+	struct sbx_timespec atime, mtime, ctime;
+	size_t link_target_len; /* symlinks: the target (any bytes), NUL-terminated too */
+	char link_target[4097];
+};
+
+#define SBX_STAT_FOLLOW 0x1 /* stat the target of a symlink rather than the link */
+SBX_API int sbx_stat(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
+		     struct sbx_stat *out, struct sbx_error *err);
+/* 1 if path exists (as lstat sees it), 0 if not (ENOENT or ENOTDIR), -1 on error. */
+SBX_API int sbx_exists(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, struct sbx_error *err);
+
+/* A sink for bytes read: return 0 to go on, or an errno value to stop; the call then
+ * fails with that code (kind SBX_ERR_LOCAL) after cancelling the read in the shim. */
+typedef int (*sbx_sink_fn)(void *ud, const void *buf, size_t len);
+/* A source of bytes to write: fill buf with up to len bytes and return how many
+ * (0 at the end), or -1 with errno set to abort the write (the old file is kept). */
+typedef long (*sbx_source_fn)(void *ud, void *buf, size_t len);
+
+#define SBX_TO_END UINT64_MAX
+/* Stream length bytes (SBX_TO_END: all) from offset to sink, with bounded memory.
+ * An error after the first byte fails the call: never a short success. *bytes (may
+ * be NULL) gets the count delivered. */
+SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t offset,
+			  uint64_t length, sbx_sink_fn sink, void *ud, uint64_t *bytes, struct sbx_error *err);
+/* Read a whole file into a malloc'd buffer (free it with free()); files larger than
+ * max bytes fail with EFBIG. */
+SBX_API int sbx_read_file_alloc(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, size_t max,
+				void **data, size_t *len, struct sbx_error *err);
+
+#define SBX_WRITE_APPEND 0x1    /* append in place */
+#define SBX_WRITE_EXCLUSIVE 0x2 /* fail with EEXIST if the path exists */
+#define SBX_WRITE_PARENTS 0x4   /* create missing parent directories */
+#define SBX_WRITE_NO_ATOMIC 0x8 /* truncate and write in place instead of temp file + rename */
+#define SBX_MODE_KEEP (-1)      /* keep an existing file's mode (0644 for a new file) */
+/* Write what source produces to path. By default atomically: the bytes go to a temp
+ * file beside path, which is fsync'd and renamed over path only when all arrived;
+ * a failure, a cancel or a lost connection leaves the old file as it was. *out (may
+ * be NULL) gets the stat of the file written. */
+SBX_API int sbx_write_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
+			   int mode, sbx_source_fn source, void *ud, struct sbx_stat *out, struct sbx_error *err);
+SBX_API int sbx_write_file_buf(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
+			       int mode, const void *data, size_t len, struct sbx_stat *out, struct sbx_error *err);
+
+struct sbx_dirent {
+	const char *name; /* relative to the listed directory ("sub/file" below depth 1) */
+	size_t name_len;  /* names may hold any byte but NUL and '/' per component */
+	const struct sbx_stat *stat;
+};
+/* Return 0 to go on, or an errno value to stop (the call fails with it). */
+typedef int (*sbx_dirent_fn)(void *ud, const struct sbx_dirent *e);
+#define SBX_LIST_HIDDEN 0x1 /* include names starting with '.' */
+#define SBX_LIST_FOLLOW 0x2 /* descend into symlinked directories */
+/* Stream the entries of a directory to cb, depth levels deep (1: its own entries;
+ * 0: unlimited), without either side holding the whole list. */
+SBX_API int sbx_list(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, unsigned depth,
+		     int flags, sbx_dirent_fn cb, void *ud, uint64_t *count, struct sbx_error *err);
+
+#define SBX_MKDIR_PARENTS 0x1
+SBX_API int sbx_mkdir(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags, int mode,
+		      struct sbx_error *err);
+#define SBX_REMOVE_RECURSIVE 0x1
+SBX_API int sbx_remove(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
+		       struct sbx_error *err);
+#define SBX_RENAME_NOREPLACE 0x1
+SBX_API int sbx_rename(struct sbx_client *c, const struct sbx_call_opts *opts, const char *src, const char *dst,
+		       int flags, struct sbx_error *err);
+#define SBX_COPY_RECURSIVE 0x1
+SBX_API int sbx_copy(struct sbx_client *c, const struct sbx_call_opts *opts, const char *src, const char *dst,
+		     int flags, struct sbx_error *err);
+SBX_API int sbx_chmod(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, unsigned mode,
+		      struct sbx_error *err);
+#define SBX_CHOWN_NOFOLLOW 0x1
+/* uid or gid -1: leave unchanged. */
+SBX_API int sbx_chown(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int64_t uid,
+		      int64_t gid, int flags, struct sbx_error *err);
+SBX_API int sbx_symlink(struct sbx_client *c, const struct sbx_call_opts *opts, const char *target, const char *link,
+			struct sbx_error *err);
+SBX_API int sbx_link(struct sbx_client *c, const struct sbx_call_opts *opts, const char *target, const char *link,
+		     struct sbx_error *err);
+/* The target into buf (NUL-terminated); ENAMETOOLONG if it does not fit. Returns the
+ * length, or -1. */
+SBX_API long sbx_readlink(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, char *buf,
+			  size_t size, struct sbx_error *err);
+SBX_API long sbx_realpath(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, char *buf,
+			  size_t size, struct sbx_error *err);
+SBX_API int sbx_truncate(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
+			 struct sbx_error *err);
+#define SBX_TOUCH_NO_CREATE 0x1
+/* atime/mtime NULL: now. Creates an empty file unless SBX_TOUCH_NO_CREATE. */
+SBX_API int sbx_set_times(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path,
+			  const struct sbx_timespec *atime, const struct sbx_timespec *mtime, int flags,
+			  struct sbx_error *err);
+
+struct sbx_statfs {
+	uint64_t block_size;
+	uint64_t blocks, blocks_free, blocks_available;
+	uint64_t files, files_free;
+	uint64_t fs_type; /* f_type magic */
+	uint64_t flags;   /* ST_RDONLY (1), ST_NOSUID (2), ... */
+	uint64_t name_max;
+};
+SBX_API int sbx_statfs(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, struct sbx_statfs *out,
+		       struct sbx_error *err);
+
+enum sbx_watch_type {
+	SBX_WATCH_CREATE = 1,
+	SBX_WATCH_MODIFY = 2,
+	SBX_WATCH_DELETE = 3,
+	SBX_WATCH_MOVED_FROM = 4,
+	SBX_WATCH_MOVED_TO = 5,
+	SBX_WATCH_ATTRIB = 6,
+	SBX_WATCH_OVERFLOW = 7,    /* events were dropped: the queue was full */
+	SBX_WATCH_DELETE_SELF = 8, /* the watched path went away; the watch ends */
+};
+/* "create", "modify", "delete", "moved_from", "moved_to", "attrib", "overflow", "delete_self". */
+SBX_API const char *sbx_watch_type_name(int type);
+struct sbx_watch_event {
+	int type;
+	const char *path; /* absolute; NULL for overflow */
+	size_t path_len;
+	int is_dir;
+	uint32_t cookie; /* pairs moved_from with moved_to */
+};
+/* Return 0 to go on, non-zero to end the watch (sbx_watch then returns 0). */
+typedef int (*sbx_watch_fn)(void *ud, const struct sbx_watch_event *ev);
+#define SBX_WATCH_RECURSIVE 0x1
+/* Stream events on path to cb until cb asks to stop, the cancel token fires
+ * (ECANCELED), the timeout passes (ETIMEDOUT) or the path is deleted (returns 0). */
+SBX_API int sbx_watch(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
+		      sbx_watch_fn cb, void *ud, struct sbx_error *err);
+
 /* ---- frame decoding for debugging ---- */
 
 /* Decoder for a captured raw byte stream (either direction): feed bytes, get one

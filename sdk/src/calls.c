@@ -79,8 +79,8 @@ SBX_API int sbx_ping_async(struct sbx_client *c, sbx_ping_cb cb, void *ud, struc
 }
 
 /* Open a stream with a REQUEST carrying req. */
-static struct call *start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
-				  struct sbx_error *err)
+struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
+				struct sbx_error *err)
 {
 	struct call *k = sbx__call_new(c, true);
 	if (k == NULL) {
@@ -107,7 +107,7 @@ static struct call *start_request(struct sbx_client *c, const Shim__V1__Request 
 }
 
 /* Wait for the END of a call that sends nothing more, and decode its Result. */
-static Shim__V1__Result *wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
 {
 	for (;;) {
 		if (sbx__call_wait(k, deadline, tok, err) < 0)
@@ -127,25 +127,33 @@ static Shim__V1__Result *wait_result(struct call *k, uint64_t deadline, struct s
 	return r;
 }
 
+Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
+				   int kind, struct sbx_error *err)
+{
+	uint64_t deadline = sbx__deadline(c, opts);
+	struct call *k = sbx__start_request(c, req, deadline, err);
+	if (k == NULL)
+		return NULL;
+	Shim__V1__Result *r = sbx__wait_result(k, deadline, opts ? opts->cancel : NULL, err);
+	sbx__call_free(k);
+	if (r != NULL && (int)r->kind_case != kind) {
+		shim__v1__result__free_unpacked(r, NULL);
+		sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim answered with another kind of result");
+		return NULL;
+	}
+	return r;
+}
+
 SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_info *out,
 		     struct sbx_error *err)
 {
-	uint64_t deadline = sbx__deadline(c, opts);
 	Shim__V1__InfoRequest ir = SHIM__V1__INFO_REQUEST__INIT;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_INFO;
 	req.info = &ir;
-	struct call *k = start_request(c, &req, deadline, err);
-	if (k == NULL)
-		return -1;
-	Shim__V1__Result *r = wait_result(k, deadline, opts ? opts->cancel : NULL, err);
-	sbx__call_free(k);
+	Shim__V1__Result *r = sbx__call_simple(c, opts, &req, SHIM__V1__RESULT__KIND_INFO, err);
 	if (r == NULL)
 		return -1;
-	if (r->kind_case != SHIM__V1__RESULT__KIND_INFO) {
-		shim__v1__result__free_unpacked(r, NULL);
-		return sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim answered info with another result");
-	}
 	const Shim__V1__InfoReply *i = r->info;
 	memset(out, 0, sizeof(*out));
 	snprintf(out->shim_version, sizeof(out->shim_version), "%s", i->shim_version);
@@ -189,7 +197,7 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_ECHO;
 	req.echo = &er;
-	struct call *k = start_request(c, &req, deadline, err);
+	struct call *k = sbx__start_request(c, &req, deadline, err);
 	if (k == NULL)
 		return -1;
 	const uint8_t *src = data;
@@ -249,7 +257,7 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 		free(it);
 	}
 	if (rc == 0) {
-		Shim__V1__Result *r = wait_result(k, deadline, tok, err);
+		Shim__V1__Result *r = sbx__wait_result(k, deadline, tok, err);
 		if (r == NULL) {
 			rc = -1;
 		} else {

@@ -711,6 +711,28 @@ static int keep_info(struct sbx_client *c, const Shim__V1__HelloReply *r)
 	return 0;
 }
 
+/* A shim that refuses a connection (connection limit, peer uid) sends ERROR and
+ * closes at once, possibly before our HELLO arrives: sending HELLO then fails with
+ * EPIPE, but the ERROR saying why is already waiting to be read. If it is, put it in
+ * err and return true. */
+static bool refusal_pending(struct sbx_client *c, struct sbx_error *err)
+{
+	while (c->inlen < c->incap) {
+		ssize_t r = read(c->fd, c->in + c->inlen, c->incap - c->inlen);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		c->inlen += (size_t)r;
+	}
+	struct frame_hdr fh;
+	if (frame_check(c->in, c->inlen, FRAME_HELLO_MAX, &fh) != FRAME_OK || fh.type != FRAME_ERROR || fh.stream != 0)
+		return false;
+	sbx__trace_frame(c, "<", &fh, c->in + FRAME_HDR_LEN);
+	sbx__decode_error(c->in + FRAME_HDR_LEN, fh.len, SBX_ERR_CONNECT, err);
+	return true;
+}
+
 /* Send HELLO and read frames until HELLO_OK or ERROR. *retry: the peer went away
  * before answering (a shim still starting, or an exec: child that exited). */
 static int handshake(struct sbx_client *c, const char *token, const char *name, uint64_t deadline, bool *retry,
@@ -733,6 +755,8 @@ static int handshake(struct sbx_client *c, const char *token, const char *name, 
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "token too long");
 	shim__v1__hello__pack(&h, buf);
 	if (sbx__send(c, 0, FRAME_HELLO, 0, buf, n, deadline, err) < 0) {
+		if (refusal_pending(c, err))
+			return -1;
 		*retry = true;
 		err->kind = SBX_ERR_CONNECT;
 		return -1;
@@ -847,11 +871,14 @@ SBX_API int sbx_connect(const char *target, const struct sbx_connect_opts *opts,
 		if (connect_once(target, &o, token, out, &retry, &e) == 0)
 			return 0;
 		uint64_t now = sbx__now_ns();
-		if (!retry || now + (uint64_t)backoff_ms * 1000000u >= wait_until_ns) {
+		if (!retry || now >= wait_until_ns) {
 			sbx__copy_error(err, &e);
 			return -1;
 		}
-		struct timespec ts = {.tv_sec = backoff_ms / 1000, .tv_nsec = (long)(backoff_ms % 1000) * 1000000};
+		/* the last sleep is cut short so that one more attempt falls on the deadline */
+		uint64_t left_ms = (wait_until_ns - now + 999999u) / 1000000u;
+		unsigned ms = backoff_ms < left_ms ? backoff_ms : (unsigned)left_ms;
+		struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
 		nanosleep(&ts, NULL);
 		backoff_ms = backoff_ms * 2 > 500 ? 500 : backoff_ms * 2;
 	}

@@ -10,6 +10,7 @@
 
 #include "frame.h"
 #include "sbx.h"
+#include "shim.pb-c.h"
 
 /* A frame received for a call and not yet consumed. */
 struct rx_item {
@@ -120,5 +121,18 @@ void sbx__call_free(struct call *k);
 /* Turn an ERROR payload into err (kind REMOTE). */
 void sbx__decode_error(const uint8_t *p, size_t len, int kind, struct sbx_error *err);
 void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_hdr *h, const uint8_t *p);
+
+/* fs.c */
+void sbx__stat_from(struct sbx_stat *out, const Shim__V1__FileStat *f);
+
+/* calls.c: open a stream with a REQUEST; wait for its END and decode the Result
+ * (DATA and EVENTs are discarded). */
+struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
+				struct sbx_error *err);
+Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
+/* Request, wait, check the Result's kind (a Shim__V1__Result__KindCase). Free the
+ * result with shim__v1__result__free_unpacked(). NULL with err on failure. */
+Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
+				   int kind, struct sbx_error *err);
 
 #endif

@@ -102,7 +102,7 @@ static int split_port(const char *s, char *host, size_t host_size, const char **
 static int open_tcp(const char *hostport, int timeout_ms, int *out, bool *retry, struct sbx_error *err)
 {
 	char host[256];
-	const char *port;
+	const char *port = NULL;
 	if (split_port(hostport, host, sizeof(host), &port, err) < 0)
 		return -1;
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
