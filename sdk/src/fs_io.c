@@ -1,0 +1,1 @@
+/* fs_io.c: streamed file reads and writes in the SDK. */

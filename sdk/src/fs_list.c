@@ -1,0 +1,1 @@
+/* fs_list.c: directory listings and watches in the SDK. */
