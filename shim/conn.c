@@ -746,7 +746,12 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 				conn_fail(c, &e);
 				return;
 			}
-			conn_close(c, "peer closed");
+			/* The client's streams are cancelled, but what is already queued for
+			 * it (HELLO_OK, PONG, END...) still goes out: a client that only shut
+			 * its write side, or a pipe into --stdio, reads the answers. */
+			log_info("conn %s: peer closed", c->peer);
+			conn_drop_streams(c);
+			conn_begin_closing(c);
 			return;
 		}
 		c->inlen += (size_t)n;

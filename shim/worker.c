@@ -17,6 +17,7 @@ static struct {
 	struct work *queue, **queue_tail;
 	struct work *done, **done_tail;
 	unsigned threads, idle, min_threads, max_threads, pending;
+	unsigned queued; /* jobs in the queue, not yet taken by a thread */
 	bool stopping;
 	struct ev_loop *loop;
 	ev_async async;
@@ -60,6 +61,7 @@ static void *worker_main(void *arg)
 		pool.queue = w->next;
 		if (pool.queue == NULL)
 			pool.queue_tail = &pool.queue;
+		pool.queued--;
 		bool skip = __atomic_load_n(&w->cancelled, __ATOMIC_ACQUIRE);
 		w->state = WORK_RUNNING;
 		w->thread = (unsigned long)pthread_self();
@@ -167,7 +169,11 @@ void worker_submit(struct work *w)
 	pthread_mutex_lock(&pool.mu);
 	*pool.queue_tail = w;
 	pool.queue_tail = &w->next;
-	if (pool.idle == 0 && pool.threads < pool.max_threads && spawn_thread() < 0)
+	pool.queued++;
+	/* Grow while there are more queued jobs than idle threads to take them. A thread
+	 * that was signalled but has not woken up yet still counts as idle, so testing
+	 * idle == 0 alone would queue a burst behind one thread (and behind a stuck job). */
+	if (pool.queued > pool.idle && pool.threads < pool.max_threads && spawn_thread() < 0)
 		log_warn("worker: cannot start a thread: %s", strerror(errno));
 	pthread_cond_signal(&pool.cv);
 	pthread_mutex_unlock(&pool.mu);
