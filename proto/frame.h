@@ -21,6 +21,7 @@
 #define FRAME_HELLO_MAX (64u << 10)
 #define FRAME_PING_MAX 64u
 #define FRAME_DEFAULT_WINDOW (256u << 10)
+#define FRAME_MIN_WINDOW (4u << 10)
 /* Size of the DATA frames both sides produce: big enough that per-frame costs
  * vanish, small enough that buffers come from the heap rather than from fresh
  * mmap()s (whose page faults would cost more than the copy). */

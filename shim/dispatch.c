@@ -185,6 +185,9 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 	c->peer_window = h->has_initial_window ? h->initial_window : FRAME_DEFAULT_WINDOW;
 	if (c->peer_window > INT32_MAX)
 		c->peer_window = INT32_MAX;
+	/* a window of 0 would stall every stream that sends data: raise it (documented) */
+	if (c->peer_window < FRAME_MIN_WINDOW)
+		c->peer_window = FRAME_MIN_WINDOW;
 
 	Shim__V1__HelloReply r = SHIM__V1__HELLO_REPLY__INIT;
 	r.protocol_version = SHIM_PROTOCOL_VERSION;
