@@ -80,6 +80,9 @@ static void client_kill(struct sbx_client *c, const struct sbx_error *err)
 
 /* ---- sending ---- */
 
+/* How long a frame whose call timed out half-way through writing it may take to finish. */
+#define FINISH_FRAME_MS 5000
+
 /* Write one frame; the caller holds wmu. */
 static int send_locked(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
 		       uint64_t deadline, struct sbx_error *err)
@@ -90,7 +93,7 @@ static int send_locked(struct sbx_client *c, uint32_t stream, uint8_t type, uint
 	struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)(uintptr_t)p, len}};
 	size_t total = sizeof(hdr) + len, sent = 0;
 	struct sbx_error e;
-	bool broken = false;
+	bool broken = false, late = false;
 
 	sbx__trace_frame(c, ">", &h, p);
 	while (sent < total) {
@@ -118,21 +121,37 @@ static int send_locked(struct sbx_client *c, uint32_t stream, uint8_t type, uint
 		if (errno == EINTR)
 			continue;
 		if (errno == EAGAIN) {
-			struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
 			int ms = poll_ms(deadline);
-			if (ms > 0 && poll(&pf, 1, ms) >= 0)
+			if (ms == 0 && sent > 0 && !late) {
+				/* Half a frame on the wire would break the stream of frames for
+				 * every call on this connection: a frame once started is finished,
+				 * past this call's deadline if need be; the call still fails. */
+				late = true;
+				deadline = sbx__now_ns() + (uint64_t)FINISH_FRAME_MS * 1000000u;
+				ms = poll_ms(deadline);
+			}
+			if (ms > 0) {
+				struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+				poll(&pf, 1, ms); /* ready, timed out or EINTR: look again */
 				continue;
-			if (ms > 0)
-				continue; /* EINTR */
-			sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
-			/* half a frame on the wire breaks the stream of frames for good */
-			broken = sent > 0;
+			}
+			if (late) {
+				sbx__fail(&e, SBX_ERR_CONNECT, ETIMEDOUT, NULL,
+					  "the shim stopped reading in the middle of a frame");
+				broken = true;
+			} else {
+				sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+			}
 			goto fail;
 		}
 		int en = errno;
 		sbx__fail(&e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
 			  strerror(en));
 		broken = true;
+		goto fail;
+	}
+	if (late) {
+		sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
 		goto fail;
 	}
 	return 0;

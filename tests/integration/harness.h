@@ -16,38 +16,38 @@
  * Safe to call from any thread. */
 void it_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));
 
-#define CHECK(cond)                                                                                                    \
-	do {                                                                                                           \
-		if (!(cond))                                                                                           \
-			it_fail(__FILE__, __LINE__, "check failed: %s", #cond);                                        \
+#define CHECK(cond)                                                             \
+	do {                                                                    \
+		if (!(cond))                                                    \
+			it_fail(__FILE__, __LINE__, "check failed: %s", #cond); \
 	} while (0)
 
-#define CHECKF(cond, ...)                                                                                              \
-	do {                                                                                                           \
-		if (!(cond))                                                                                           \
-			it_fail(__FILE__, __LINE__, __VA_ARGS__);                                                      \
+#define CHECKF(cond, ...)                                         \
+	do {                                                      \
+		if (!(cond))                                      \
+			it_fail(__FILE__, __LINE__, __VA_ARGS__); \
 	} while (0)
 
-#define CHECK_EQ(a, b)                                                                                                 \
-	do {                                                                                                           \
-		long long it_a_ = (long long)(a), it_b_ = (long long)(b);                                              \
-		if (it_a_ != it_b_)                                                                                    \
-			it_fail(__FILE__, __LINE__, "check failed: %s == %s (%lld != %lld)", #a, #b, it_a_, it_b_);    \
+#define CHECK_EQ(a, b)                                                                                              \
+	do {                                                                                                        \
+		long long it_a_ = (long long)(a), it_b_ = (long long)(b);                                           \
+		if (it_a_ != it_b_)                                                                                 \
+			it_fail(__FILE__, __LINE__, "check failed: %s == %s (%lld != %lld)", #a, #b, it_a_, it_b_); \
 	} while (0)
 
 /* An SDK call that must succeed; on failure the error is printed. */
-#define CHECK_SBX(call, errp)                                                                                          \
-	do {                                                                                                           \
-		if ((call) < 0)                                                                                        \
-			it_fail(__FILE__, __LINE__, "%s failed: %s", #call, it_errstr(errp));                          \
+#define CHECK_SBX(call, errp)                                                                 \
+	do {                                                                                  \
+		if ((call) < 0)                                                               \
+			it_fail(__FILE__, __LINE__, "%s failed: %s", #call, it_errstr(errp)); \
 	} while (0)
 
 /* An SDK error with this kind and errno code. */
-#define CHECK_ERR(errp, want_kind, want_code)                                                                          \
-	do {                                                                                                           \
-		if ((errp)->kind != (want_kind) || (errp)->code != (want_code))                                        \
-			it_fail(__FILE__, __LINE__, "want error kind %d code %s, got kind %d: %s", (int)(want_kind),   \
-				sbx_errno_name(want_code), (errp)->kind, it_errstr(errp));                             \
+#define CHECK_ERR(errp, want_kind, want_code)                                                                        \
+	do {                                                                                                         \
+		if ((errp)->kind != (want_kind) || (errp)->code != (want_code))                                      \
+			it_fail(__FILE__, __LINE__, "want error kind %d code %s, got kind %d: %s", (int)(want_kind), \
+				sbx_errno_name(want_code), (errp)->kind, it_errstr(errp));                           \
 	} while (0)
 
 #define CHECK_CONTAINS(hay, needle)                                                                                    \

@@ -1109,18 +1109,20 @@ START_TEST(test_flow_control_violation)
 	wait_conns(0);
 	assert_serving();
 
-	/* the credit is counted across frames: with a client window of 1 byte the echo
-	 * can hand back only 1 byte of credit, so 10000 + 10000 is over 16384 + 1 */
+	/* the credit is counted across frames: a client window of 1 byte is raised to
+	 * the 4 KiB minimum, so the echo hands back only 4096 bytes of credit and
+	 * 3 x 10000 is over 16384 + 4096 */
 	fd = client(false, NULL);
 	r = handshake_ex(fd, NULL, 0, 1);
 	shim__v1__hello_reply__free_unpacked(r, NULL);
 	request(fd, 1, SHIM__V1__REQUEST__KIND_ECHO);
-	uint8_t two[2 * (FRAME_HDR_LEN + 10000)];
-	size_t n = put_frame(two, 1, FRAME_DATA, 0, data, 10000);
-	n += put_frame(two + n, 1, FRAME_DATA, 0, data, 10000);
-	ck_assert_int_eq(send_raw(fd, two, n), 0);
-	expect_data(fd, 1, 0, data, 1);
-	expect_window(fd, 1, 1);
+	uint8_t three[3 * (FRAME_HDR_LEN + 10000)];
+	size_t n = put_frame(three, 1, FRAME_DATA, 0, data, 10000);
+	n += put_frame(three + n, 1, FRAME_DATA, 0, data, 10000);
+	n += put_frame(three + n, 1, FRAME_DATA, 0, data, 10000);
+	ck_assert_int_eq(send_raw(fd, three, n), 0);
+	expect_data(fd, 1, 0, data, FRAME_MIN_WINDOW);
+	expect_window(fd, 1, FRAME_MIN_WINDOW);
 	expect_error(fd, 0, EPROTO, "flow control violated on stream 1");
 	expect_closed(fd);
 	wait_conns(0);
