@@ -178,10 +178,23 @@ static int parse_size(const char *s, size_t *out)
 	if (errno)
 		return -1;
 	switch (*end) {
-	case 'k': case 'K': mul = 1ULL << 10; end++; break;
-	case 'm': case 'M': mul = 1ULL << 20; end++; break;
-	case 'g': case 'G': mul = 1ULL << 30; end++; break;
-	default: break;
+	case 'k':
+	case 'K':
+		mul = 1ULL << 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		mul = 1ULL << 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		mul = 1ULL << 30;
+		end++;
+		break;
+	default:
+		break;
 	}
 	if (mul > 1 && (!strcmp(end, "iB") || !strcmp(end, "B")))
 		end += strlen(end);
@@ -217,8 +230,7 @@ static size_t utf8_len(const unsigned char *p)
 			return 0;
 		cp = cp << 6 | (p[i] & 0x3f);
 	}
-	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-	    (cp >= 0xd800 && cp <= 0xdfff))
+	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
 		return 0;
 	return n;
 }
@@ -444,8 +456,8 @@ static int cmd_ping(struct ctx *ctx, int argc, char **argv)
 	if (rc == EXIT_OK && rtt) {
 		fputs("{\"shim_version\":", stdout);
 		json_str(stdout, si->shim_version);
-		printf(",\"protocol_version\":%u,\"pid\":%u,\"pid1\":%s,\"uid\":%u,\"hostname\":",
-		       si->protocol_version, si->pid, si->pid1 ? "true" : "false", si->uid);
+		printf(",\"protocol_version\":%u,\"pid\":%u,\"pid1\":%s,\"uid\":%u,\"hostname\":", si->protocol_version,
+		       si->pid, si->pid1 ? "true" : "false", si->uid);
 		json_str(stdout, si->hostname);
 		fputs(",\"rtt_ms\":[", stdout);
 		for (i = 0; i < count; i++)
@@ -501,20 +513,19 @@ static void info_json(const struct sbx_info *in)
 			first = 0;
 		}
 	}
-	printf("],\"uptime_ms\":%" PRIu64 ",\"pid\":%u,\"pid1\":%s,\"uid\":%u,\"gid\":%u,\"hostname\":",
-	       in->uptime_ms, in->pid, in->pid1 ? "true" : "false", in->uid, in->gid);
+	printf("],\"uptime_ms\":%" PRIu64 ",\"pid\":%u,\"pid1\":%s,\"uid\":%u,\"gid\":%u,\"hostname\":", in->uptime_ms,
+	       in->pid, in->pid1 ? "true" : "false", in->uid, in->gid);
 	json_str(stdout, in->hostname);
 	fputs(",\"boot_id\":", stdout);
 	json_str(stdout, in->boot_id);
-	printf(",\"connections\":%u,\"streams\":%u,\"processes\":%u,\"mounts\":%u,\"rss_bytes\":%" PRIu64
-	       ",\"load\":[",
+	printf(",\"connections\":%u,\"streams\":%u,\"processes\":%u,\"mounts\":%u,\"rss_bytes\":%" PRIu64 ",\"load\":[",
 	       in->connections, in->streams, in->processes, in->mounts, in->rss_bytes);
 	for (i = 0; i < 3; i++) {
 		fputs(i ? "," : "", stdout);
 		json_num(stdout, in->load[i], 2);
 	}
-	printf("],\"max_connections\":%u,\"max_streams\":%u,\"workers\":%u}\n", in->max_connections,
-	       in->max_streams, in->workers);
+	printf("],\"max_connections\":%u,\"max_streams\":%u,\"workers\":%u}\n", in->max_connections, in->max_streams,
+	       in->workers);
 }
 
 static int cmd_info(struct ctx *ctx, int argc, char **argv)
@@ -682,8 +693,8 @@ static int cmd_echo(struct ctx *ctx, int argc, char **argv)
 	if (ctx->json)
 		printf("{\"bytes\":%zu,\"seconds\":%.6f,\"mb_per_s\":%.2f}\n", size, secs, mbps);
 	else
-		printf("echoed %zu bytes (%s) in %.3f s: %.2f MB/s\n", size, fmt_bytes(size, hb, sizeof(hb)),
-		       secs, mbps);
+		printf("echoed %zu bytes (%s) in %.3f s: %.2f MB/s\n", size, fmt_bytes(size, hb, sizeof(hb)), secs,
+		       mbps);
 out:
 	sbx_client_close(c);
 	free(data);
