@@ -6,6 +6,8 @@
 #include <string.h>
 
 static int err_vset(struct shim_err *err, int code, const void *path, size_t path_len, const char *fmt, va_list ap)
+	__attribute__((format(printf, 5, 0)));
+static int err_vset(struct shim_err *err, int code, const void *path, size_t path_len, const char *fmt, va_list ap)
 {
 	if (err == NULL)
 		return -1;

@@ -1,0 +1,121 @@
+/* bench_ping.c: PING round trip through libsbx and the daemon over a unix socket, against a bare
+ * unix-socket echo of the same 20 bytes (a PING frame: 12-byte header, 8-byte payload). */
+#include "bench_util.h"
+#include "sbx.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WARMUP 2000
+#define ROUNDS 20000
+/* The two run in alternating blocks, so that a change in the machine's load (other
+ * processes, frequency) hits both alike. */
+#define BLOCK 1000
+#define MSG 20
+
+static uint64_t lat_shim[ROUNDS], lat_bare[ROUNDS];
+
+static struct sbx_client *shim_connect(const char *sock)
+{
+	char target[320], msg[1400];
+	snprintf(target, sizeof(target), "unix:%s", sock);
+	struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
+	o.client_name = "bench_ping";
+	struct sbx_client *c;
+	struct sbx_error err;
+	if (sbx_connect(target, &o, &c, &err) < 0) {
+		fprintf(stderr, "bench_ping: connect: %s\n", sbx_error_format(&err, msg, sizeof(msg)));
+		exit(1);
+	}
+	return c;
+}
+
+static void shim_pings(struct sbx_client *c, uint64_t *lat, int n)
+{
+	struct sbx_error err;
+	char msg[1400];
+	for (int i = 0; i < n; i++) {
+		uint64_t t0 = bench_now_ns();
+		if (sbx_ping(c, NULL, NULL, &err) < 0) {
+			fprintf(stderr, "bench_ping: ping: %s\n", sbx_error_format(&err, msg, sizeof(msg)));
+			exit(1);
+		}
+		if (lat != NULL)
+			lat[i] = bench_now_ns() - t0;
+	}
+}
+
+/* The baseline: a child process that echoes 20-byte messages on a unix socket pair. */
+static pid_t bare_start(int *fd)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+		perror("socketpair");
+		exit(1);
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		perror("fork");
+		exit(1);
+	}
+	if (pid == 0) {
+		char b[MSG];
+		close(sv[0]);
+		while (bench_read_all(sv[1], b, MSG) == 0 && bench_write_all(sv[1], b, MSG) == 0)
+			;
+		_exit(0);
+	}
+	close(sv[1]);
+	*fd = sv[0];
+	return pid;
+}
+
+static void bare_pings(int fd, uint64_t *lat, int n)
+{
+	char out[MSG] = "0123456789abcdefghi", in[MSG];
+	for (int i = 0; i < n; i++) {
+		uint64_t t0 = bench_now_ns();
+		if (bench_write_all(fd, out, MSG) < 0 || bench_read_all(fd, in, MSG) < 0) {
+			fprintf(stderr, "bench_ping: baseline echo failed\n");
+			exit(1);
+		}
+		if (lat != NULL)
+			lat[i] = bench_now_ns() - t0;
+	}
+}
+
+int main(void)
+{
+	char dir[256], sock[300];
+	signal(SIGPIPE, SIG_IGN);
+	bench_tmpdir(dir, sizeof(dir));
+	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+	pid_t pid = bench_start_shim(SHIM_BIN, dir);
+	struct sbx_client *c = shim_connect(sock);
+	int fd;
+	pid_t echo = bare_start(&fd);
+
+	shim_pings(c, NULL, WARMUP);
+	bare_pings(fd, NULL, WARMUP);
+	for (int off = 0; off < ROUNDS; off += BLOCK) {
+		shim_pings(c, lat_shim + off, BLOCK);
+		bare_pings(fd, lat_bare + off, BLOCK);
+	}
+
+	sbx_client_close(c);
+	bench_stop(pid);
+	bench_rmdir(dir);
+	close(fd);
+	waitpid(echo, NULL, 0);
+	uint64_t s50 = bench_percentile(lat_shim, ROUNDS, 50), s99 = bench_percentile(lat_shim, ROUNDS, 99);
+	uint64_t b50 = bench_percentile(lat_bare, ROUNDS, 50), b99 = bench_percentile(lat_bare, ROUNDS, 99);
+	printf("ping rtt p50: sbx_ping %.1f us, bare unix echo %.1f us, ratio %.2f (%d pings)\n", s50 / 1e3, b50 / 1e3,
+	       (double)s50 / (double)b50, ROUNDS);
+	printf("ping rtt p99: sbx_ping %.1f us, bare unix echo %.1f us, ratio %.2f (%d pings)\n", s99 / 1e3, b99 / 1e3,
+	       (double)s99 / (double)b99, ROUNDS);
+	return 0;
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build the benchmarks and run them all: `bash tests/bench/run.sh` (from any directory).
+#
+#   BUILD_DIR=DIR        build there instead of build/
+#   BUILD_TYPE=TYPE      CMAKE_BUILD_TYPE (default RelWithDebInfo, as tests/run-tests.sh builds build/)
+#   SHIM_STATIC_BIN=BIN  a static sandbox-shim for bench_rss (default: build-static/sandbox-shim if it exists;
+#                        tests/run-tests.sh makes it)
+#   BENCH_ECHO_MIB=N     bytes bench_echo sends, in MiB (default 256)
+#
+# Each benchmark prints one line per figure, with its same-run baseline and the ratio.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+ROOT=$(pwd)
+BUILD_DIR=${BUILD_DIR:-build}
+BENCHES=(bench_ping bench_startup bench_rss bench_echo)
+
+cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake --build "$BUILD_DIR" -j2 --target "${BENCHES[@]}"
+
+if [ -z "${SHIM_STATIC_BIN:-}" ] && [ -x "$ROOT/build-static/sandbox-shim" ]; then
+	export SHIM_STATIC_BIN="$ROOT/build-static/sandbox-shim"
+fi
+
+echo "---- benchmarks ($BUILD_DIR, $(grep -E '^CMAKE_BUILD_TYPE:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2), $(nproc) CPUs)"
+rc=0
+for b in "${BENCHES[@]}"; do
+	if ! "$BUILD_DIR/tests/bench/$b"; then
+		echo "$b: FAILED" >&2
+		rc=1
+	fi
+done
+exit "$rc"
