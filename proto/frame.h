@@ -43,7 +43,8 @@ enum frame_type {
 #define FRAME_TYPE_MAX FRAME_PONG
 
 enum frame_flag {
-	FRAME_FLAG_FIN = 0x01, /* DATA: no more data in this direction after this frame */
+	FRAME_FLAG_FIN = 0x01,    /* DATA: no more data in this direction after this frame */
+	FRAME_FLAG_STDERR = 0x02, /* DATA from exec/attach: these bytes are the command's stderr */
 };
 
 struct frame_hdr {

@@ -44,6 +44,13 @@ static const struct disp_entry table[] = {
 	{SHIM__V1__REQUEST__KIND_REALPATH, "realpath", NULL, op_fs_realpath},
 	{SHIM__V1__REQUEST__KIND_STATFS, "statfs", NULL, op_fs_statfs},
 	{SHIM__V1__REQUEST__KIND_WATCH, "watch", op_fs_watch, NULL},
+	{SHIM__V1__REQUEST__KIND_EXEC, "exec", op_exec, NULL},
+	{SHIM__V1__REQUEST__KIND_SIGNAL, "signal", op_signal, NULL},
+	{SHIM__V1__REQUEST__KIND_PS, "ps", op_ps, NULL},
+	{SHIM__V1__REQUEST__KIND_ATTACH, "attach", op_attach, NULL},
+	{SHIM__V1__REQUEST__KIND_WAIT, "wait", op_wait, NULL},
+	{SHIM__V1__REQUEST__KIND_RMPROC, "rmproc", op_rmproc, NULL},
+	{SHIM__V1__REQUEST__KIND_RESIZE, "resize", op_resize, NULL},
 };
 
 /* ---- blocking operations ---- */

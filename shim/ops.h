@@ -56,6 +56,15 @@ int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 /* op_fs_watch.c */
 int op_fs_watch(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
+/* op_exec.c: commands and processes (all on the loop: fork/exec, pipes, the reaper) */
+int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+
 /* End st with END carrying result (packed here). */
 void op_end(struct stream *st, const Shim__V1__Result *result);
 

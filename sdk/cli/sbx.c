@@ -74,6 +74,7 @@ static int fail(const struct sbx_error *err, const char *target)
 	case SBX_ERR_NONE:
 	case SBX_ERR_REMOTE:
 	case SBX_ERR_LOCAL:
+	case SBX_ERR_EXIT:
 		break;
 	}
 	return EXIT_FAIL;

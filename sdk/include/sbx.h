@@ -48,6 +48,7 @@ enum sbx_error_kind {
 	SBX_ERR_LOCAL = 2,    /* failed on this side: bad argument, timeout, cancel, local I/O */
 	SBX_ERR_CONNECT = 3,  /* could not connect, or the handshake was refused */
 	SBX_ERR_PROTOCOL = 4, /* the peer broke the protocol; the client is no longer usable */
+	SBX_ERR_EXIT = 5,     /* sbx_eval: the snippet exited non-zero; code is its shell-style status */
 };
 
 struct sbx_error {
@@ -350,6 +351,134 @@ typedef int (*sbx_watch_fn)(void *ud, const struct sbx_watch_event *ev);
  * (ECANCELED), the timeout passes (ETIMEDOUT) or the path is deleted (returns 0). */
 SBX_API int sbx_watch(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
 		      sbx_watch_fn cb, void *ud, struct sbx_error *err);
+
+/* ---- commands and processes ---- */
+
+struct sbx_rlimit {
+	const char *name; /* "nofile", "nproc", "as", "cpu", "fsize", "core", "stack", "memlock" */
+	uint64_t soft;    /* UINT64_MAX: unlimited */
+	uint64_t hard;    /* 0: same as soft */
+};
+
+struct sbx_exec_opts {
+	unsigned struct_size;    /* sizeof(struct sbx_exec_opts): set by SBX_EXEC_OPTS_INIT */
+	const char *const *argv; /* NULL-terminated; argv[0] searched in PATH without '/' */
+	const char *shell;       /* or a /bin/sh -c string (argv NULL) */
+	const char *const *env;  /* NULL-terminated "K=V" entries added to the environment */
+	int clear_env;           /* start from an empty environment */
+	const char *cwd;         /* NULL: "/" */
+	const char *user;        /* NULL: the shim's; name or number */
+	const char *group;       /* NULL: the user's primary group */
+	int timeout_ms;          /* 0: none; then SIGTERM to the process group, grace, SIGKILL */
+	int kill_grace_ms;       /* 0: 5000 */
+	int pty;                 /* run on a pseudo-terminal of rows x cols */
+	unsigned rows, cols;
+	int no_new_privs;
+	int drop_caps;                /* drop every capability (bounding set too) but keep_caps */
+	const char *const *keep_caps; /* NULL-terminated, e.g. "cap_net_bind_service" */
+	const char *seccomp;          /* NULL or "none": no filter; "default": the deny-list; or a policy file */
+	const struct sbx_rlimit *rlimits;
+	size_t n_rlimits;
+	int nice;
+	int oom_score_adj;
+	const char *name;    /* detached processes: the id to use (default: generated) */
+	uint64_t ring_bytes; /* detached: ring buffer per stream (0: 1 MiB) */
+};
+/* clang-format off */
+#define SBX_EXEC_OPTS_INIT {sizeof(struct sbx_exec_opts), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+/* clang-format on */
+
+struct sbx_exit {
+	char id[64];
+	unsigned pid;
+	int exit_code; /* -1 when killed by a signal */
+	int signal;    /* terminating signal, 0 if none */
+	int core_dumped;
+	uint64_t duration_ns;
+	int timed_out;
+	int stdout_truncated, stderr_truncated;
+};
+/* The shell-style status: exit_code, or 128+signal. */
+SBX_API int sbx_exit_status(const struct sbx_exit *ex);
+
+/* Collected output of sbx_run(): malloc'd buffers (free with sbx_output_free). */
+struct sbx_output {
+	char *out, *err;
+	size_t out_len, err_len;
+};
+SBX_API void sbx_output_free(struct sbx_output *o);
+
+/* Run a command to completion: stdin from stdin_data (NULL: /dev/null), stdout and
+ * stderr collected into *out, at most cap bytes each (0: 16 MiB); beyond that they
+ * are drained and dropped, and ex->*_truncated is set. A non-zero exit is not an
+ * error: -1 means the command could not be run (ENOENT, EACCES, EINVAL for an
+ * unknown user...) or the call failed (timeout of the call itself, cancel). */
+SBX_API int sbx_run(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_exec_opts *eo,
+		    const void *stdin_data, size_t stdin_len, size_t cap, struct sbx_output *out, struct sbx_exit *ex,
+		    struct sbx_error *err);
+
+/* A running command with streamed I/O. */
+struct sbx_proc;
+#define SBX_PROC_STDIN 0x1 /* the caller will write stdin (else /dev/null) */
+/* Start a command and return once it runs (or failed to start). Output is streamed
+ * with flow control: a caller that does not read blocks the command, not the shim. */
+SBX_API int sbx_exec_start(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_exec_opts *eo,
+			   int flags, struct sbx_proc **out, struct sbx_error *err);
+SBX_API const char *sbx_proc_id(const struct sbx_proc *p);
+SBX_API unsigned sbx_proc_pid(const struct sbx_proc *p);
+SBX_API int sbx_proc_write(struct sbx_proc *p, const void *buf, size_t len, struct sbx_error *err);
+SBX_API int sbx_proc_close_stdin(struct sbx_proc *p, struct sbx_error *err);
+#define SBX_STDOUT 1
+#define SBX_STDERR 2
+/* Read output: returns bytes (>0) with *channel SBX_STDOUT or SBX_STDERR, 0 when both
+ * are closed, -1 on error. Waits up to the proc's call timeout. */
+SBX_API long sbx_proc_read(struct sbx_proc *p, int *channel, void *buf, size_t size, struct sbx_error *err);
+/* Wait for the exit (output not yet read is discarded). */
+SBX_API int sbx_proc_wait(struct sbx_proc *p, struct sbx_exit *ex, struct sbx_error *err);
+SBX_API int sbx_proc_signal(struct sbx_proc *p, int sig, struct sbx_error *err);
+SBX_API int sbx_proc_resize(struct sbx_proc *p, unsigned rows, unsigned cols, struct sbx_error *err);
+/* Free the handle; a command still running is killed (its whole process group),
+ * unless it was attached to a detached process (then it just detaches). */
+SBX_API void sbx_proc_free(struct sbx_proc *p);
+
+/* Background processes: they outlive the connection. */
+struct sbx_process_info {
+	char id[64];
+	unsigned pid;
+	int running;
+	struct sbx_timespec started_at;
+	int detached, pty;
+	char argv[512];       /* the command line, space-joined, for display */
+	struct sbx_exit exit; /* when !running */
+};
+SBX_API int sbx_spawn(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_exec_opts *eo,
+		      struct sbx_process_info *info, struct sbx_error *err);
+typedef int (*sbx_process_fn)(void *ud, const struct sbx_process_info *p);
+SBX_API int sbx_ps(struct sbx_client *c, const struct sbx_call_opts *opts, sbx_process_fn cb, void *ud,
+		   struct sbx_error *err);
+#define SBX_ATTACH_STDIN 0x1
+#define SBX_ATTACH_NO_REPLAY 0x2 /* only live output, not the ring buffers' contents */
+#define SBX_ATTACH_FOLLOW 0x4    /* keep streaming until the process exits */
+/* Attach to a process's output (a replay of its ring buffers, then live output with
+ * SBX_ATTACH_FOLLOW); read it with sbx_proc_read(). Freeing the handle detaches. */
+SBX_API int sbx_attach(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, int flags,
+		       struct sbx_proc **out, struct sbx_error *err);
+SBX_API int sbx_wait(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, struct sbx_exit *ex,
+		     struct sbx_error *err);
+/* Signal a process's whole process group. */
+SBX_API int sbx_kill(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, int sig,
+		     struct sbx_error *err);
+/* Forget an exited process (EBUSY if it runs, unless kill is set: then it is killed first). */
+SBX_API int sbx_rmproc(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, int kill,
+		       struct sbx_error *err);
+
+/* Run code through an interpreter (interp NULL: {"python3", "-c", NULL}; the code is
+ * appended as the last argument) and collect what it printed into *out. A non-zero
+ * exit fails with kind SBX_ERR_EXIT, code the shell-style status (exit code, or
+ * 128+signal) and a message holding the start of the snippet's stderr; out->err
+ * holds all of it (up to 16 MiB) and *ex (may be NULL) the exit status. */
+SBX_API int sbx_eval(struct sbx_client *c, const struct sbx_call_opts *opts, const char *const *interp,
+		     const char *code, struct sbx_output *out, struct sbx_exit *ex, struct sbx_error *err);
 
 /* ---- frame decoding for debugging ---- */
 

@@ -1,0 +1,1 @@
+/* proc.c: running commands and background processes from the SDK. */

@@ -1,0 +1,20 @@
+/* reaper.h: the one place that reaps children and routes their exit statuses. */
+#ifndef SHIM_REAPER_H
+#define SHIM_REAPER_H
+
+#include <sys/types.h>
+
+struct ev_loop;
+
+/* Called on the loop thread with the raw wait status. */
+typedef void (*reaper_fn)(void *ud, pid_t pid, int status);
+
+/* Install the SIGCHLD handling. Every child (and, as PID 1 or subreaper, every
+ * orphan) is reaped here; statuses of pids nobody watches are dropped after logging. */
+int reaper_init(struct ev_loop *loop);
+/* Route pid's exit status to fn. Register right after fork, before returning to the
+ * loop (the status cannot be lost: it is only collected from the loop). */
+int reaper_watch(pid_t pid, reaper_fn fn, void *ud);
+void reaper_unwatch(pid_t pid);
+
+#endif
