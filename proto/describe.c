@@ -226,7 +226,10 @@ size_t frame_describe(const struct frame_hdr *h, const uint8_t *payload, char *b
 	put(&o, "%s stream=%u len=%u", frame_type_name(h->type), h->stream, h->len);
 	if (h->flags & FRAME_FLAG_FIN)
 		put(&o, " FIN");
-	if (h->flags & ~FRAME_FLAG_FIN)
+	if (h->type == FRAME_DATA && (h->flags & FRAME_FLAG_STDERR))
+		put(&o, " STDERR");
+	unsigned known = FRAME_FLAG_FIN | (h->type == FRAME_DATA ? FRAME_FLAG_STDERR : 0);
+	if (h->flags & ~known)
 		put(&o, " flags=0x%02x", h->flags);
 	const ProtobufCMessageDescriptor *d = payload_descriptor(h->type);
 	if (d != NULL) {
