@@ -2,12 +2,428 @@
 #include "conn.h"
 #include "fs.h"
 #include "ops.h"
+#include "util.h"
+#include "worker.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/*
+ * Wire format: the DATA bytes are one byte stream of DirEntry messages, each preceded
+ * by its length as a protobuf varint. Entries MAY be split across DATA frames (a
+ * frame is cut wherever credit or the frame limit says); the reader reassembles.
+ *
+ * Memory: the walk runs on a worker in batches of about LIST_BATCH bytes of encoded
+ * entries. The loop sends a batch as credit allows and submits the next batch job
+ * only once the previous one is queued on the connection, so at most one batch (plus
+ * the getdents buffers of the open levels) is held, whatever the directory's size.
+ *
+ * Recursion is depth-first (an entry, then what is below it, then its next sibling),
+ * with one open directory fd per level, at most LIST_MAX_LEVELS of them. A tree
+ * deeper than that fails with ELOOP rather than being silently cut short. Symlinks
+ * are reported as symlinks (lstat, with their target); with follow_symlinks, a
+ * symlink to a directory is also descended into, except when that directory is
+ * already on the current path (device and inode), which stops loops such as a -> ..
+ *
+ * Errors: the listed path itself: its open's errno (ENOENT, ENOTDIR, EACCES...).
+ * During a recursive walk, a subdirectory that cannot be opened or read (EACCES,
+ * EIO, ...) fails the whole stream with that errno and the subdirectory's path: an
+ * error is never turned into a shorter listing. Entries that vanish between readdir
+ * and lstat (ENOENT) are skipped: the directory changed while we read it.
+ */
+
+#define LIST_BATCH (64u << 10)
+/* the largest encoded entry: a name up to PATH_MAX, a link target up to PATH_MAX,
+ * the FileStat and the framing */
+#define LIST_ENTRY_MAX (2u * PATH_MAX + 512u)
+#define LIST_MAX_LEVELS 256
+#define LIST_DENTS_TOP (32u << 10)
+#define LIST_DENTS_SUB (4u << 10)
+
+struct dirent64_raw {
+	uint64_t d_ino;
+	int64_t d_off;
+	unsigned short d_reclen;
+	unsigned char d_type;
+	char d_name[];
+};
+
+struct level {
+	int fd;
+	dev_t dev;
+	ino_t ino;
+	size_t rel_len; /* bytes of lister.rel that prefix this level's entries ("a/b/") */
+	uint8_t *buf;   /* getdents64 buffer (8-byte aligned, from malloc) */
+	size_t cap, len, pos;
+};
+
+struct lister {
+	struct work work;
+	struct stream *st; /* NULL once the stream is gone: done() frees */
+	bool busy;         /* a batch job is queued or running */
+	bool opened;       /* the listed directory is open (first job done) */
+	bool finished;     /* the walk is complete: send FIN and END after this batch */
+	bool closing;      /* cancelled between batches: the job only closes the fds */
+	struct fs_path path;
+	size_t base_len; /* path.abs without trailing slashes ("/" -> 0) */
+	unsigned depth;  /* 0: unlimited */
+	bool follow, hidden;
+	struct level lv[LIST_MAX_LEVELS];
+	unsigned nlv;
+	char rel[PATH_MAX];
+	uint8_t *out; /* the batch: LIST_BATCH + LIST_ENTRY_MAX bytes */
+	size_t out_len, out_sent;
+	uint64_t entries;
+	int rc;
+	struct shim_err err;
+};
+
+static void level_close(struct level *l)
+{
+	if (l->fd >= 0)
+		close(l->fd);
+	l->fd = -1;
+	free(l->buf);
+	l->buf = NULL;
+}
+
+static void list_free(struct lister *l)
+{
+	while (l->nlv > 0)
+		level_close(&l->lv[--l->nlv]);
+	free(l->out);
+	free(l);
+}
+
+/* The absolute path (as the client sees it) of entry name at the top level, or of
+ * that level's directory itself when name is NULL. For error messages. */
+static const char *abs_of(struct lister *l, const char *name, char *buf, size_t size)
+{
+	const struct level *top = &l->lv[l->nlv - 1];
+	size_t rl = top->rel_len;
+	if (name == NULL && rl > 0)
+		rl--; /* "a/b/" -> "a/b" */
+	if (name == NULL && rl == 0)
+		snprintf(buf, size, "%s", l->path.abs);
+	else
+		snprintf(buf, size, "%.*s/%.*s%s", (int)l->base_len, l->path.abs, (int)rl, l->rel, name ? name : "");
+	return buf;
+}
+
+static int fail_at(struct lister *l, int code, const char *name, const char *what)
+{
+	char p[PATH_MAX + 256];
+	return err_set(&l->err, code, abs_of(l, name, p, sizeof(p)), "%s", what);
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+	size_t n = 0;
+	while (v >= 0x80) {
+		p[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	p[n++] = (uint8_t)v;
+	return n;
+}
+
+static int push_level(struct lister *l, int fd, const struct stat *st, size_t rel_len)
+{
+	struct level *n = &l->lv[l->nlv];
+	memset(n, 0, sizeof(*n));
+	n->fd = fd;
+	n->dev = st->st_dev;
+	n->ino = st->st_ino;
+	n->rel_len = rel_len;
+	n->cap = l->nlv == 0 ? LIST_DENTS_TOP : LIST_DENTS_SUB;
+	n->buf = malloc(n->cap);
+	if (n->buf == NULL) {
+		close(fd);
+		return err_set(&l->err, ENOMEM, NULL, "out of memory");
+	}
+	l->nlv++;
+	return 0;
+}
+
+/* Open the listed directory (first job). */
+static int list_open(struct lister *l)
+{
+	int cleanup_close fd = fs_open(&l->path, O_RDONLY | O_DIRECTORY, 0, &l->err);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return err_set(&l->err, errno, l->path.abs, "stat");
+	return push_level(l, steal_fd(fd), &st, 0);
+}
+
+/* Should we descend into the entry just listed, and if so, open it. Returns an fd,
+ * -2 for "no", or -1 with l->err set. */
+static int open_child(struct lister *l, const char *name, size_t name_len, const struct stat *st, struct stat *dst)
+{
+	struct level *top = &l->lv[l->nlv - 1];
+	if (l->depth != 0 && l->nlv >= l->depth)
+		return -2;
+	bool is_link = S_ISLNK(st->st_mode);
+	if (!S_ISDIR(st->st_mode) && !(is_link && l->follow))
+		return -2;
+	int fd;
+	if (!is_link) {
+		/* one component, no symlink followed: cannot leave the tree (nor --root) */
+		fd = openat(top->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	} else {
+		/* Follow through the confined resolver: the link may point anywhere, and
+		 * with --root "anywhere" must still be beneath the root. */
+		struct fs_path p;
+		int n = snprintf(p.abs, sizeof(p.abs), "%.*s/%.*s%.*s", (int)l->base_len, l->path.abs,
+				 (int)top->rel_len, l->rel, (int)name_len, name);
+		if (n < 0 || (size_t)n >= sizeof(p.abs))
+			return fail_at(l, ENAMETOOLONG, name, "path too long to follow");
+		p.len = (size_t)n;
+		struct shim_err e;
+		fd = fs_open(&p, O_RDONLY | O_DIRECTORY, 0, &e);
+		if (fd < 0)
+			errno = e.code;
+	}
+	if (fd < 0) {
+		/* changed under us, or a symlink to a non-directory or to nothing */
+		if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || (is_link && errno == EXDEV))
+			return -2;
+		return fail_at(l, errno, name, "open directory");
+	}
+	if (fstat(fd, dst) < 0) {
+		int e = errno;
+		close(fd);
+		return fail_at(l, e, name, "stat");
+	}
+	/* a directory already on the path (a symlink loop, or a bind mount of an
+	 * ancestor): listed, not entered */
+	for (unsigned i = 0; i < l->nlv; i++) {
+		if (l->lv[i].dev == dst->st_dev && l->lv[i].ino == dst->st_ino) {
+			close(fd);
+			return -2;
+		}
+	}
+	if (l->nlv >= LIST_MAX_LEVELS) {
+		close(fd);
+		return fail_at(l, ELOOP, name, "directory tree deeper than 256 levels");
+	}
+	return fd;
+}
+
+/* One entry of the top level: lstat it, encode it, maybe descend. 0, or -1 with err. */
+static int list_entry(struct lister *l, const char *name)
+{
+	struct level *top = &l->lv[l->nlv - 1];
+	size_t name_len = strlen(name);
+	if (top->rel_len + name_len + 1 >= sizeof(l->rel))
+		return fail_at(l, ENAMETOOLONG, name, "path too long");
+	struct stat st;
+	if (fstatat(top->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno == ENOENT)
+			return 0; /* removed since readdir */
+		return fail_at(l, errno, name, "lstat");
+	}
+	char target[PATH_MAX + 1];
+	ssize_t tlen = -1;
+	if (S_ISLNK(st.st_mode)) {
+		tlen = readlinkat(top->fd, name, target, sizeof(target));
+		if (tlen < 0) {
+			if (errno == ENOENT)
+				return 0;
+			return fail_at(l, errno, name, "readlink");
+		}
+		if ((size_t)tlen >= sizeof(target))
+			tlen = (ssize_t)sizeof(target) - 1;
+	}
+	memcpy(l->rel + top->rel_len, name, name_len);
+
+	Shim__V1__FileStat fst;
+	Shim__V1__Timestamp ts[3];
+	fs_fill_stat(&fst, ts, &st, tlen >= 0 ? target : NULL, tlen >= 0 ? (size_t)tlen : 0);
+	Shim__V1__DirEntry de = SHIM__V1__DIR_ENTRY__INIT;
+	de.name.data = (uint8_t *)l->rel;
+	de.name.len = top->rel_len + name_len;
+	de.stat = &fst;
+	size_t n = shim__v1__dir_entry__get_packed_size(&de);
+	/* the caller keeps out_len below LIST_BATCH; an entry is below LIST_ENTRY_MAX */
+	l->out_len += put_varint(l->out + l->out_len, n);
+	l->out_len += shim__v1__dir_entry__pack(&de, l->out + l->out_len);
+	l->entries++;
+
+	struct stat dst;
+	int fd = open_child(l, name, name_len, &st, &dst);
+	if (fd == -1)
+		return -1;
+	if (fd >= 0) {
+		l->rel[top->rel_len + name_len] = '/';
+		if (push_level(l, fd, &dst, top->rel_len + name_len + 1) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* On a worker: fill one batch. -1 on failure (l->err set); the caller closes. */
+static int list_batch(struct lister *l)
+{
+	if (!l->opened) {
+		if (list_open(l) < 0)
+			return -1;
+		l->opened = true;
+	}
+	while (l->out_len < LIST_BATCH) {
+		if (worker_cancelled(&l->work))
+			return -1; /* nobody reads the result */
+		if (l->nlv == 0) {
+			l->finished = true;
+			return 0;
+		}
+		struct level *top = &l->lv[l->nlv - 1];
+		if (top->pos >= top->len) {
+			long n = syscall(SYS_getdents64, top->fd, top->buf, top->cap);
+			if (n < 0) {
+				if (errno == EINTR)
+					continue;
+				return fail_at(l, errno, NULL, "read directory");
+			}
+			if (n == 0) {
+				level_close(top);
+				l->nlv--;
+				continue;
+			}
+			top->len = (size_t)n;
+			top->pos = 0;
+		}
+		const struct dirent64_raw *d = (const void *)(top->buf + top->pos);
+		top->pos += d->d_reclen;
+		const char *name = d->d_name;
+		if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+			continue;
+		if (name[0] == '.' && !l->hidden)
+			continue;
+		if (list_entry(l, name) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* On a worker: fill one batch; or close everything when the stream has failed or
+ * gone (close(2) is a filesystem call too: a FUSE release, an NFS flush). */
+static void list_run(struct work *w)
+{
+	struct lister *l = container_of(w, struct lister, work);
+	l->rc = l->closing ? -1 : list_batch(l);
+	if (l->rc < 0) {
+		while (l->nlv > 0)
+			level_close(&l->lv[--l->nlv]);
+	}
+}
+
+static void list_pump(struct stream *st);
+
+static void list_done(struct work *w)
+{
+	struct lister *l = container_of(w, struct lister, work);
+	l->busy = false;
+	struct stream *st = l->st;
+	if (st == NULL) {
+		list_free(l);
+		return;
+	}
+	if (l->rc < 0) {
+		struct shim_err e = l->err;
+		list_free(l);
+		stream_fail(st, &e);
+		return;
+	}
+	l->out_sent = 0;
+	list_pump(st);
+}
+
+/* On the loop: send the batch within credit; then the next batch, or the end. */
+static void list_pump(struct stream *st)
+{
+	struct lister *l = st->op_data;
+	if (l->busy)
+		return;
+	while (l->out_sent < l->out_len) {
+		size_t n = stream_can_send(st);
+		if (n == 0)
+			break;
+		if (n > l->out_len - l->out_sent)
+			n = l->out_len - l->out_sent;
+		stream_send_data(st, l->out + l->out_sent, n, false);
+		l->out_sent += n;
+	}
+	if (l->out_sent < l->out_len) {
+		stream_wait_writable(st);
+		return;
+	}
+	l->out_len = l->out_sent = 0;
+	if (l->finished) {
+		stream_send_data(st, NULL, 0, true);
+		Shim__V1__ListReply r = SHIM__V1__LIST_REPLY__INIT;
+		r.entries = l->entries;
+		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+		res.kind_case = SHIM__V1__RESULT__KIND_LIST;
+		res.list = &r;
+		list_free(l);
+		op_end(st, &res);
+		return;
+	}
+	l->busy = true;
+	worker_submit(&l->work);
+}
+
+static void list_cancel(struct stream *st)
+{
+	struct lister *l = st->op_data;
+	l->st = NULL; /* orphaned: done() frees */
+	if (l->busy) {
+		/* the job owns the fds now */
+		worker_interrupt(&l->work);
+		return;
+	}
+	/* one last job, to close the directories off the loop */
+	l->closing = true;
+	l->busy = true;
+	worker_submit(&l->work);
+}
+
+static const struct stream_ops list_ops = {.writable = list_pump, .cancel = list_cancel};
 
 int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "list: not implemented yet");
+	const Shim__V1__ListRequest *r = req->list;
+	struct lister *l = calloc(1, sizeof(*l));
+	if (l == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	if (fs_path_get(&r->path, &l->path, err) < 0) {
+		free(l);
+		return -1;
+	}
+	l->out = malloc(LIST_BATCH + LIST_ENTRY_MAX);
+	if (l->out == NULL) {
+		free(l);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	l->base_len = l->path.len;
+	while (l->base_len > 0 && l->path.abs[l->base_len - 1] == '/')
+		l->base_len--;
+	l->depth = r->has_depth ? r->depth : 1;
+	l->follow = r->has_follow_symlinks && r->follow_symlinks;
+	l->hidden = r->has_hidden && r->hidden;
+	l->st = st;
+	l->work.run = list_run;
+	l->work.done = list_done;
+	st->ops = &list_ops;
+	st->op_data = l;
+	l->busy = true;
+	worker_submit(&l->work);
+	return 0;
 }

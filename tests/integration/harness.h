@@ -118,4 +118,9 @@ void it_fill(void *buf, size_t len, uint64_t seed);
 /* Write a file (mode 0600) or fail. */
 void it_write_file(const char *path, const char *content);
 
+/* it_daemon_start() for a daemon run through another program, e.g. unshare ...
+ * sh -c '... exec SHIM_BIN ...': argv[0] is looked up in PATH; the program must end
+ * up as the daemon in the same process (exec), so that its PID is the daemon's. */
+struct it_daemon *it_daemon_start_argv(const char *name, const char *const argv[]);
+
 #endif
