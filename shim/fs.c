@@ -5,10 +5,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452 /* Linux 6.6; the same number on every architecture */
+#endif
 
 static struct {
 	int fd;     /* AT_FDCWD without confinement */
@@ -50,6 +56,13 @@ int fs_init(const char *dir, struct shim_err *err)
 const char *fs_root(void)
 {
 	return root.path;
+}
+
+int fs_root_stat(struct stat *st)
+{
+	if (root.path == NULL)
+		return stat("/", st);
+	return fstat(root.fd, st);
 }
 
 int fs_path_get(const ProtobufCBinaryData *in, struct fs_path *out, struct shim_err *err)
@@ -121,6 +134,17 @@ int fs_open_parent(const struct fs_path *p, char name_buf[NAME_MAX + 1], struct 
 	size_t nlen = len - slash - 1;
 	if (nlen > NAME_MAX)
 		return err_set(err, ENAMETOOLONG, p->abs, "file name longer than %d bytes", NAME_MAX);
+	if ((nlen == 1 && p->abs[slash + 1] == '.') || (nlen == 2 && memcmp(p->abs + slash + 1, "..", 2) == 0)) {
+		/* "." or "..": the entry is the directory the whole path names. Taking the
+		 * name literally against the parent fd would step above --root ("/.." is
+		 * the root's own parent to fstatat, fchownat, utimensat...), so resolve the
+		 * whole path confined and hand back that directory as ".". */
+		strcpy(name_buf, ".");
+		int fd = open_in_root(p->abs, O_PATH | O_DIRECTORY, 0);
+		if (fd < 0)
+			return err_set(err, errno, p->abs, "open");
+		return fd;
+	}
 	memcpy(name_buf, p->abs + slash + 1, nlen);
 	name_buf[nlen] = '\0';
 	size_t dlen = slash == 0 ? 1 : slash;
@@ -229,4 +253,130 @@ int fs_fd_path(int fd, char *buf, size_t size, struct shim_err *err)
 			memmove(buf, buf + root.len, (size_t)n - root.len + 1);
 	}
 	return 0;
+}
+
+/* An O_PATH fd cannot be given to fchmod/futimens: use the *at() call with
+ * AT_EMPTY_PATH where the kernel has it, else the fd's /proc/self/fd link (which
+ * names exactly this inode, whatever happens to its path meanwhile). */
+static void proc_fd_path(int fd, char buf[32])
+{
+	snprintf(buf, 32, "/proc/self/fd/%d", fd);
+}
+
+int fs_fd_chmod(int fd, mode_t mode)
+{
+	if (syscall(SYS_fchmodat2, fd, "", mode, AT_EMPTY_PATH) == 0)
+		return 0;
+	if (errno != ENOSYS && errno != EINVAL)
+		return -1;
+	char proc[32];
+	proc_fd_path(fd, proc);
+	return fchmodat(AT_FDCWD, proc, mode, 0);
+}
+
+int fs_fd_utimens(int fd, const struct timespec ts[2])
+{
+	if (utimensat(fd, "", ts, AT_EMPTY_PATH) == 0)
+		return 0;
+	/* a kernel without AT_EMPTY_PATH here refuses the flag, or the empty name */
+	if (errno != EINVAL && errno != ENOENT)
+		return -1;
+	char proc[32];
+	proc_fd_path(fd, proc);
+	return utimensat(AT_FDCWD, proc, ts, 0);
+}
+
+/* The kernel's record (getdents64 fills the buffer with these). */
+struct linux_dirent64 {
+	uint64_t d_ino;
+	int64_t d_off;
+	unsigned short d_reclen;
+	unsigned char d_type;
+	char d_name[];
+};
+
+int fs_dir_next(struct fs_dirbuf *b, struct fs_dirpos *d, const char **name, unsigned char *type)
+{
+	if (b->fd != d->fd) {
+		/* the buffer holds another level's entries: come back to where this
+		 * directory was left (a getdents position cookie) */
+		if (lseek(d->fd, d->next, SEEK_SET) < 0)
+			return -1;
+		b->fd = d->fd;
+		b->pos = b->len = 0;
+	}
+	for (;;) {
+		if (b->pos >= b->len) {
+			long n = syscall(SYS_getdents64, d->fd, b->buf, sizeof(b->buf));
+			if (n < 0) {
+				b->fd = -1;
+				return -1;
+			}
+			if (n == 0)
+				return 0;
+			b->pos = 0;
+			b->len = (size_t)n;
+		}
+		const struct linux_dirent64 *e = (const struct linux_dirent64 *)(void *)(b->buf + b->pos);
+		b->pos += e->d_reclen;
+		d->next = e->d_off;
+		if (e->d_name[0] == '.' && (e->d_name[1] == '\0' || (e->d_name[1] == '.' && e->d_name[2] == '\0')))
+			continue;
+		*name = e->d_name;
+		*type = e->d_type;
+		return 1;
+	}
+}
+
+int fs_dir_rewind(struct fs_dirbuf *b, struct fs_dirpos *d)
+{
+	if (b->fd == d->fd)
+		b->fd = -1;
+	d->next = 0;
+	return (int)lseek(d->fd, 0, SEEK_SET);
+}
+
+void fs_dir_forget(struct fs_dirbuf *b, int fd)
+{
+	if (b->fd == fd)
+		b->fd = -1;
+}
+
+int fs_dir_reopen_parent(int child, dev_t dev, ino_t ino)
+{
+	int fd = openat(child, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	if (st.st_dev != dev || st.st_ino != ino) {
+		close(fd);
+		errno = EAGAIN;
+		return -1;
+	}
+	return fd;
+}
+
+void fs_cancel_block(sigset_t *old)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, FS_CANCEL_SIGNAL);
+	pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+void fs_cancel_restore(const sigset_t *old)
+{
+	pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+bool fs_cancel_pending(void)
+{
+	sigset_t set;
+	return sigpending(&set) == 0 && sigismember(&set, FS_CANCEL_SIGNAL) == 1;
 }

@@ -3,11 +3,19 @@
 #include "ops.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
+
+#ifndef ST_VALID
+#define ST_VALID 0x0020 /* statfs f_flags: "the flags are valid", not a mount flag */
+#endif
 
 int op_fs_stat(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
@@ -44,86 +52,619 @@ int op_fs_stat(const Shim__V1__Request *req, struct op_reply *reply, struct shim
 	return op_reply_pack(reply, &res, err);
 }
 
+/* Name the client's path in err (an inner step may have named a prefix of it). */
+static int err_path(struct shim_err *err, const char *path)
+{
+	size_t n = strlen(path);
+	if (n >= sizeof(err->path))
+		n = sizeof(err->path) - 1;
+	memcpy(err->path, path, n);
+	err->path[n] = '\0';
+	err->path_len = n;
+	return -1;
+}
+
+static bool is_dot(const char *name)
+{
+	return name[0] == '.' && name[1] == '\0';
+}
+
+/* mkdirat, then make the mode exactly what was asked: mkdir(2) applies the
+ * process umask and drops setuid/setgid. The mode is set on an O_NOFOLLOW fd of
+ * the new directory, so a symlink swapped in meanwhile is never followed. -1 with
+ * err filled (its code EEXIST when the name is taken). */
+static int mkdir_exact(int dfd, const char *name, mode_t mode, const char *errpath, struct shim_err *err)
+{
+	if (mkdirat(dfd, name, mode) < 0)
+		return err_set(err, errno, errpath, "mkdir");
+	int cleanup_close fd = openat(dfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return err_set(err, errno, errpath, "open new directory");
+	if ((st.st_mode & 07777) != mode && fs_fd_chmod(fd, mode) < 0)
+		return err_set(err, errno, errpath, "chmod");
+	return 0;
+}
+
+/* mkdir -p: create each missing component in turn (0755, the last one with mode).
+ * Every prefix is resolved afresh through fs_open_parent, so symlinks among the
+ * components are followed as mkdir -p does, but never out of --root. */
+static int mkdir_parents(const struct fs_path *p, mode_t mode, struct shim_err *err)
+{
+	struct stat st;
+	if (fs_stat(p, true, &st, NULL) == 0 && S_ISDIR(st.st_mode))
+		return 0;
+	struct fs_path q;
+	size_t i = 1;
+	while (i < p->len) {
+		size_t j = i;
+		while (j < p->len && p->abs[j] != '/')
+			j++;
+		size_t clen = j - i;
+		size_t k = j;
+		while (k < p->len && p->abs[k] == '/')
+			k++;
+		bool last = k == p->len;
+		bool dots = (clen == 1 && p->abs[i] == '.') || (clen == 2 && p->abs[i] == '.' && p->abs[i + 1] == '.');
+		if (clen == 0 || dots) {
+			i = k > j ? k : j + 1;
+			continue;
+		}
+		memcpy(q.abs, p->abs, j);
+		q.abs[j] = '\0';
+		q.len = j;
+		char name[NAME_MAX + 1];
+		int cleanup_close dfd = fs_open_parent(&q, name, err);
+		if (dfd < 0)
+			return err_path(err, p->abs);
+		if (mkdir_exact(dfd, name, last ? mode : 0755, p->abs, err) < 0) {
+			if (err->code != EEXIST)
+				return -1;
+			/* there already: fine if it is (or leads to) a directory; a
+			 * dangling symlink is "exists", a loop ELOOP */
+			if (fs_stat(&q, true, &st, err) < 0)
+				return err_set(err, err->code == ENOENT ? EEXIST : err->code, p->abs, "mkdir");
+			if (!S_ISDIR(st.st_mode))
+				return err_set(err, last ? EEXIST : ENOTDIR, p->abs, "mkdir");
+		}
+		i = k;
+	}
+	return 0;
+}
+
 int op_fs_mkdir(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "mkdir: not implemented yet");
+	const Shim__V1__MkdirRequest *r = req->mkdir;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	mode_t mode = r->has_mode ? r->mode : 0755;
+	if (mode & ~07777u)
+		return err_set(err, EINVAL, p.abs, "mode %#o out of range", (unsigned)mode);
+	if (r->has_parents && r->parents) {
+		if (mkdir_parents(&p, mode, err) < 0)
+			return -1;
+	} else {
+		char name[NAME_MAX + 1];
+		int cleanup_close dfd = fs_open_parent(&p, name, err);
+		if (dfd < 0)
+			return -1;
+		if (mkdir_exact(dfd, name, mode, p.abs, err) < 0)
+			return -1;
+	}
+	return op_reply_done(reply, err);
+}
+
+/* ---- remove ---- */
+
+/* The mount a directory fd is on: the mount id where statx has it (so a bind
+ * mount of the same filesystem counts as another mount), else the device. */
+static int mount_of(int fd, uint64_t *id)
+{
+	struct statx sx;
+	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) == 0 &&
+	    (sx.stx_mask & STATX_MNT_ID)) {
+		*id = sx.stx_mnt_id;
+		return 0;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return -1;
+	*id = (uint64_t)st.st_dev | (1ull << 63);
+	return 0;
+}
+
+struct rm_level {
+	struct fs_dirpos d; /* d.fd -1 while closed to save fds (deep trees) */
+	dev_t dev;
+	ino_t ino;
+	unsigned passes;  /* times read to the end */
+	uint64_t removed; /* entries removed in this pass */
+	char *name;       /* in the level above (or the caller's dfd) */
+};
+
+static void rm_close(struct fs_dirbuf *b, struct rm_level *l)
+{
+	if (l->d.fd >= 0) {
+		fs_dir_forget(b, l->d.fd);
+		close(l->d.fd);
+		l->d.fd = -1;
+	}
+}
+
+int fs_remove_tree(int dfd, const char *name, bool cancellable, const char *errpath, struct shim_err *err)
+{
+	/* An explicit stack rather than recursion: per level a position, the name and
+	 * (for the deepest FS_WALK_OPEN levels) an fd; one entry buffer for the walk. */
+	struct fs_dirbuf *b = malloc(sizeof(*b));
+	struct rm_level *stack = NULL;
+	size_t n = 0, cap = 0;
+	uint64_t mnt = 0;
+	int rc = -1;
+	if (b == NULL) {
+		err_set(err, ENOMEM, errpath, "out of memory");
+		goto out;
+	}
+	b->fd = -1;
+	int cfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (cfd < 0) {
+		err_set(err, errno, errpath, "open");
+		goto out;
+	}
+	if (mount_of(cfd, &mnt) < 0) {
+		err_set(err, errno, errpath, "statx");
+		close(cfd);
+		goto out;
+	}
+	const char *cname = name;
+	for (;;) {
+		if (cfd >= 0) {
+			/* push the directory just opened */
+			if (n == cap) {
+				size_t ncap = cap ? cap * 2 : 16;
+				struct rm_level *ns = realloc(stack, ncap * sizeof(*ns));
+				if (ns == NULL) {
+					close(cfd);
+					err_set(err, ENOMEM, errpath, "out of memory");
+					goto out;
+				}
+				stack = ns;
+				cap = ncap;
+			}
+			struct stat st;
+			if (fstat(cfd, &st) < 0) {
+				err_set(err, errno, errpath, "stat");
+				close(cfd);
+				goto out;
+			}
+			char *dup = strdup(cname);
+			if (dup == NULL) {
+				close(cfd);
+				err_set(err, ENOMEM, errpath, "out of memory");
+				goto out;
+			}
+			stack[n++] = (struct rm_level){
+				.d = {.fd = cfd, .next = 0}, .dev = st.st_dev, .ino = st.st_ino, .name = dup};
+			cfd = -1;
+			if (n > FS_WALK_OPEN)
+				rm_close(b, &stack[n - 1 - FS_WALK_OPEN]);
+		}
+		if (n == 0)
+			break;
+		if (cancellable && fs_cancel_pending()) {
+			err_set(err, ECANCELED, errpath, "cancelled");
+			goto out;
+		}
+		struct rm_level *l = &stack[n - 1];
+		const char *ename;
+		unsigned char type;
+		int got = fs_dir_next(b, &l->d, &ename, &type);
+		if (got < 0) {
+			err_set(err, errno, errpath, "getdents");
+			goto out;
+		}
+		if (got == 0) {
+			struct rm_level *up = n > 1 ? &stack[n - 2] : NULL;
+			if (up != NULL && up->d.fd < 0 &&
+			    (up->d.fd = fs_dir_reopen_parent(l->d.fd, up->dev, up->ino)) < 0) {
+				err_set(err, errno, errpath, "open ..");
+				goto out;
+			}
+			if (unlinkat(up != NULL ? up->d.fd : dfd, l->name, AT_REMOVEDIR) < 0) {
+				/* Entries left behind our position: created meanwhile, or
+				 * skipped by a filesystem whose positions are ordinals that
+				 * shift as entries go (tmpfs before Linux 6.6). Read it
+				 * again while that still removes something. */
+				if (errno == ENOTEMPTY && l->removed > 0 && l->passes < 1000) {
+					l->passes++;
+					l->removed = 0;
+					if (fs_dir_rewind(b, &l->d) < 0) {
+						err_set(err, errno, errpath, "lseek");
+						goto out;
+					}
+					continue;
+				}
+				err_set(err, errno, errpath, "rmdir");
+				goto out;
+			}
+			rm_close(b, l);
+			free(l->name);
+			n--;
+			if (up != NULL)
+				up->removed++;
+			continue;
+		}
+		if (type == DT_UNKNOWN) {
+			struct stat st;
+			if (fstatat(l->d.fd, ename, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+				if (errno == ENOENT)
+					continue;
+				err_set(err, errno, errpath, "lstat");
+				goto out;
+			}
+			type = S_ISDIR(st.st_mode) ? DT_DIR : DT_REG;
+		}
+		if (type != DT_DIR) {
+			if (unlinkat(l->d.fd, ename, 0) < 0) {
+				if (errno == ENOENT)
+					continue;
+				err_set(err, errno, errpath, "unlink");
+				goto out;
+			}
+			l->removed++;
+			continue;
+		}
+		/* O_NOFOLLOW: a directory swapped for a symlink meanwhile is not entered */
+		cfd = openat(l->d.fd, ename, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (cfd < 0) {
+			if (errno == ENOENT)
+				continue;
+			err_set(err, errno, errpath, "open");
+			goto out;
+		}
+		uint64_t cm;
+		if (mount_of(cfd, &cm) < 0 || cm != mnt) {
+			close(cfd);
+			cfd = -1;
+			err_set(err, EBUSY, errpath, "a mount point below the tree");
+			goto out;
+		}
+		cname = ename;
+	}
+	rc = 0;
+out:
+	while (n > 0) {
+		rm_close(b, &stack[--n]);
+		free(stack[n].name);
+	}
+	free(stack);
+	free(b);
+	return rc;
 }
 
 int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "remove: not implemented yet");
+	const Shim__V1__RemoveRequest *r = req->remove;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	char name[NAME_MAX + 1];
+	int cleanup_close dfd = fs_open_parent(&p, name, err);
+	if (dfd < 0)
+		return -1;
+	struct stat st, rst;
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, p.abs, "lstat");
+	if (S_ISDIR(st.st_mode)) {
+		if (fs_root_stat(&rst) < 0)
+			return err_set(err, errno, p.abs, "stat of the root");
+		if (st.st_dev == rst.st_dev && st.st_ino == rst.st_ino)
+			return err_set(err, EBUSY, p.abs, "refusing to remove the root");
+		if (is_dot(name))
+			return err_set(err, EINVAL, p.abs, "refusing to remove a path ending in . or ..");
+		if (r->has_recursive && r->recursive) {
+			sigset_t old;
+			fs_cancel_block(&old);
+			int rc = fs_remove_tree(dfd, name, true, p.abs, err);
+			fs_cancel_restore(&old);
+			if (rc < 0)
+				return -1;
+		} else if (unlinkat(dfd, name, AT_REMOVEDIR) < 0) {
+			return err_set(err, errno, p.abs, "rmdir");
+		}
+	} else if (unlinkat(dfd, name, 0) < 0) {
+		return err_set(err, errno, p.abs, "unlink");
+	}
+	return op_reply_done(reply, err);
 }
+
+/* ---- rename ---- */
 
 int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "rename: not implemented yet");
+	const Shim__V1__RenameRequest *r = req->rename;
+	struct fs_path src, dst;
+	if (fs_path_get(&r->src, &src, err) < 0 || fs_path_get(&r->dst, &dst, err) < 0)
+		return -1;
+	char sname[NAME_MAX + 1], dname[NAME_MAX + 1];
+	int cleanup_close sdfd = fs_open_parent(&src, sname, err);
+	if (sdfd < 0)
+		return -1;
+	int cleanup_close ddfd = fs_open_parent(&dst, dname, err);
+	if (ddfd < 0)
+		return -1;
+	unsigned flags = r->has_no_replace && r->no_replace ? RENAME_NOREPLACE : 0;
+	if (renameat2(sdfd, sname, ddfd, dname, flags) == 0)
+		return op_reply_done(reply, err);
+	if (errno != EXDEV) {
+		/* name the side the error is about, where it is clear */
+		bool about_dst = errno == EEXIST || errno == ENOTEMPTY || errno == EISDIR;
+		return err_set(err, errno, about_dst ? dst.abs : src.abs, "rename");
+	}
+
+	/* Another filesystem (or another mount of the same one): copy, keeping
+	 * everything, to a temporary name beside dst, rename that into place, then
+	 * remove the source. */
+	struct stat st, dt;
+	if (fstatat(sdfd, sname, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, src.abs, "lstat");
+	if (fstatat(ddfd, dname, &dt, AT_SYMLINK_NOFOLLOW) == 0) {
+		/* the errors rename(2) would give, before copying anything */
+		if (flags & RENAME_NOREPLACE)
+			return err_set(err, EEXIST, dst.abs, "rename");
+		if (S_ISDIR(st.st_mode) && !S_ISDIR(dt.st_mode))
+			return err_set(err, ENOTDIR, dst.abs, "rename");
+		if (!S_ISDIR(st.st_mode) && S_ISDIR(dt.st_mode))
+			return err_set(err, EISDIR, dst.abs, "rename");
+	} else if (errno != ENOENT) {
+		return err_set(err, errno, dst.abs, "lstat");
+	}
+	if (is_dot(sname))
+		return err_set(err, EBUSY, src.abs, "rename");
+	struct fs_copy_stats cs = {0, 0};
+	sigset_t old;
+	fs_cancel_block(&old);
+	int rc = fs_copy_entry(sdfd, sname, -1, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
+	/* once dst is in place the move is done but for removing the source: a
+	 * cancel no longer stops it halfway */
+	if (rc == 0 && S_ISDIR(st.st_mode))
+		rc = fs_remove_tree(sdfd, sname, false, src.abs, err);
+	else if (rc == 0 && unlinkat(sdfd, sname, 0) < 0)
+		rc = err_set(err, errno, src.abs, "unlink");
+	fs_cancel_restore(&old);
+	if (rc < 0)
+		return -1;
+	return op_reply_done(reply, err);
 }
+
+/* ---- metadata ---- */
 
 int op_fs_chmod(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "chmod: not implemented yet");
+	const Shim__V1__ChmodRequest *r = req->chmod;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	if (r->mode & ~07777u)
+		return err_set(err, EINVAL, p.abs, "mode %#o out of range", r->mode);
+	/* like chmod(1), through symlinks (confined by fs_open) */
+	int cleanup_close fd = fs_open(&p, O_PATH, 0, err);
+	if (fd < 0)
+		return -1;
+	if (fs_fd_chmod(fd, r->mode) < 0)
+		return err_set(err, errno, p.abs, "chmod");
+	return op_reply_done(reply, err);
 }
 
 int op_fs_chown(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "chown: not implemented yet");
+	const Shim__V1__ChownRequest *r = req->chown;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	uid_t uid = r->has_uid ? (uid_t)r->uid : (uid_t)-1;
+	gid_t gid = r->has_gid ? (gid_t)r->gid : (gid_t)-1;
+	if (r->has_no_follow && r->no_follow) {
+		char name[NAME_MAX + 1];
+		int cleanup_close dfd = fs_open_parent(&p, name, err);
+		if (dfd < 0)
+			return -1;
+		if (fchownat(dfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+			return err_set(err, errno, p.abs, "lchown");
+	} else {
+		int cleanup_close fd = fs_open(&p, O_PATH, 0, err);
+		if (fd < 0)
+			return -1;
+		if (fchownat(fd, "", uid, gid, AT_EMPTY_PATH) < 0)
+			return err_set(err, errno, p.abs, "chown");
+	}
+	return op_reply_done(reply, err);
 }
+
+/* ---- links ---- */
 
 int op_fs_symlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "symlink: not implemented yet");
+	const Shim__V1__SymlinkRequest *r = req->symlink;
+	struct fs_path link;
+	if (fs_path_get(&r->link, &link, err) < 0)
+		return -1;
+	/* the target is stored as given, relative or not: only a C string */
+	char target[PATH_MAX];
+	/* (an empty target arrives as NULL data: symlinkat then says ENOENT) */
+	if (r->target.len > 0 && memchr(r->target.data, '\0', r->target.len) != NULL)
+		return err_setn(err, EINVAL, r->target.data, r->target.len, "target holds a NUL byte");
+	if (r->target.len >= sizeof(target))
+		return err_setn(err, ENAMETOOLONG, r->target.data, r->target.len, "target longer than %d bytes",
+				PATH_MAX - 1);
+	if (r->target.len > 0)
+		memcpy(target, r->target.data, r->target.len);
+	target[r->target.len] = '\0';
+	char name[NAME_MAX + 1];
+	int cleanup_close dfd = fs_open_parent(&link, name, err);
+	if (dfd < 0)
+		return -1;
+	if (symlinkat(target, dfd, name) < 0)
+		return err_set(err, errno, link.abs, "symlink");
+	return op_reply_done(reply, err);
+}
+
+static int reply_path(struct op_reply *reply, const char *path, size_t len, struct shim_err *err)
+{
+	Shim__V1__PathReply pr = SHIM__V1__PATH_REPLY__INIT;
+	pr.path.data = (uint8_t *)(uintptr_t)path;
+	pr.path.len = len;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_PATH;
+	res.path = &pr;
+	return op_reply_pack(reply, &res, err);
 }
 
 int op_fs_readlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "readlink: not implemented yet");
+	const Shim__V1__ReadlinkRequest *r = req->readlink;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	char name[NAME_MAX + 1];
+	int cleanup_close dfd = fs_open_parent(&p, name, err);
+	if (dfd < 0)
+		return -1;
+	char target[PATH_MAX];
+	ssize_t n = readlinkat(dfd, name, target, sizeof(target));
+	if (n < 0)
+		return err_set(err, errno, p.abs, "readlink");
+	return reply_path(reply, target, (size_t)n, err);
 }
 
 int op_fs_link(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "link: not implemented yet");
+	const Shim__V1__LinkRequest *r = req->link;
+	struct fs_path target, link;
+	if (fs_path_get(&r->target, &target, err) < 0 || fs_path_get(&r->link, &link, err) < 0)
+		return -1;
+	char tname[NAME_MAX + 1], lname[NAME_MAX + 1];
+	int cleanup_close tdfd = fs_open_parent(&target, tname, err);
+	if (tdfd < 0)
+		return -1;
+	int cleanup_close ldfd = fs_open_parent(&link, lname, err);
+	if (ldfd < 0)
+		return -1;
+	/* flags 0: a symlink target is linked itself, never followed (out of the root) */
+	if (linkat(tdfd, tname, ldfd, lname, 0) < 0)
+		return err_set(err, errno, link.abs, "link");
+	return op_reply_done(reply, err);
 }
+
+/* ---- size and times ---- */
 
 int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "truncate: not implemented yet");
+	const Shim__V1__TruncateRequest *r = req->truncate;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	if (r->size > INT64_MAX)
+		return err_set(err, EFBIG, p.abs, "size %llu too large", (unsigned long long)r->size);
+	/* a directory fails here with EISDIR; a FIFO waits for a reader (cancellable) */
+	int cleanup_close fd = fs_open(&p, O_WRONLY | O_NOCTTY, 0, err);
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, (off_t)r->size) < 0)
+		return err_set(err, errno, p.abs, "truncate");
+	return op_reply_done(reply, err);
+}
+
+static int get_time(const Shim__V1__Timestamp *t, struct timespec *out, const char *path, struct shim_err *err)
+{
+	if (t == NULL) {
+		*out = (struct timespec){0, UTIME_NOW};
+		return 0;
+	}
+	/* nsec past 999999999 would be UTIME_NOW/UTIME_OMIT to the kernel */
+	if (t->nsec >= 1000000000u)
+		return err_set(err, EINVAL, path, "nanoseconds %u out of range", t->nsec);
+	*out = (struct timespec){(time_t)t->sec, (long)t->nsec};
+	return 0;
 }
 
 int op_fs_set_times(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "set_times: not implemented yet");
+	const Shim__V1__SetTimesRequest *r = req->set_times;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	struct timespec ts[2];
+	if (get_time(r->atime, &ts[0], p.abs, err) < 0 || get_time(r->mtime, &ts[1], p.abs, err) < 0)
+		return -1;
+	bool create = !(r->has_no_create && r->no_create);
+	/* through symlinks like touch(1), but only ever confined by fs_open: a plain
+	 * utimensat(parent, name, 0) would follow "/esc -> /etc" from the real root */
+	int cleanup_close fd = fs_open(&p, O_PATH, 0, err);
+	if (fd < 0 && err->code == ENOENT && create) {
+		fd = fs_open(&p, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY | O_NONBLOCK, 0644, err);
+		if (fd >= 0) {
+			/* ours: exactly 0644, whatever the umask */
+			struct stat st;
+			if (fstat(fd, &st) < 0)
+				return err_set(err, errno, p.abs, "stat");
+			if ((st.st_mode & 07777) != 0644 && fchmod(fd, 0644) < 0)
+				return err_set(err, errno, p.abs, "chmod");
+		} else if (err->code == EEXIST) {
+			/* a dangling symlink (O_EXCL does not follow it): create its target,
+			 * as touch(1) does, still beneath the root */
+			fd = fs_open(&p, O_WRONLY | O_CREAT | O_NOCTTY | O_NONBLOCK, 0644, err);
+		}
+	}
+	if (fd < 0)
+		return -1;
+	if (fs_fd_utimens(fd, ts) < 0)
+		return err_set(err, errno, p.abs, "utimensat");
+	return op_reply_done(reply, err);
 }
+
+/* ---- where and how big ---- */
 
 int op_fs_realpath(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "realpath: not implemented yet");
+	const Shim__V1__RealpathRequest *r = req->realpath;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	int cleanup_close fd = fs_open(&p, O_PATH, 0, err);
+	if (fd < 0)
+		return -1;
+	char buf[PATH_MAX];
+	if (fs_fd_path(fd, buf, sizeof(buf), err) < 0)
+		return err_path(err, p.abs);
+	return reply_path(reply, buf, strlen(buf), err);
 }
 
 int op_fs_statfs(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "statfs: not implemented yet");
+	const Shim__V1__StatfsRequest *r = req->statfs;
+	struct fs_path p;
+	if (fs_path_get(&r->path, &p, err) < 0)
+		return -1;
+	int cleanup_close fd = fs_open(&p, O_PATH, 0, err);
+	if (fd < 0)
+		return -1;
+	struct statfs sf;
+	if (fstatfs(fd, &sf) < 0)
+		return err_set(err, errno, p.abs, "statfs");
+	Shim__V1__StatfsReply sr = SHIM__V1__STATFS_REPLY__INIT;
+	/* counts are in fragment-size units, as statvfs and df have them */
+	sr.block_size = (uint64_t)(sf.f_frsize ? sf.f_frsize : sf.f_bsize);
+	sr.blocks = sf.f_blocks;
+	sr.blocks_free = sf.f_bfree;
+	sr.blocks_available = sf.f_bavail;
+	sr.files = sf.f_files;
+	sr.files_free = sf.f_ffree;
+	sr.fs_type = (uint64_t)(unsigned long)sf.f_type;
+	sr.flags = (uint64_t)sf.f_flags & ~(uint64_t)ST_VALID;
+	sr.name_max = (uint64_t)sf.f_namelen;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_STATFS;
+	res.statfs = &sr;
+	return op_reply_pack(reply, &res, err);
 }

@@ -1,12 +1,535 @@
 /* op_fs_copy.c: copying a file or a tree (copy_file_range), also behind rename across filesystems. */
 #include "fs.h"
 #include "ops.h"
+#include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CFR_CHUNK (64u << 20)    /* bytes asked of one copy_file_range: also how often a cancel is seen */
+#define RW_BUF_SIZE (256u << 10) /* the read/write fallback's buffer */
+
+struct copy_ctx {
+	struct fs_copy_stats *stats;
+	const char *spath, *dpath; /* the client's paths, for errors */
+	struct shim_err *err;
+	bool owners;              /* running as root: keep uid/gid */
+	uint8_t *rwbuf;           /* allocated on first need */
+	struct fs_dirbuf *dirbuf; /* trees only */
+};
+
+static bool same_inode(const struct stat *a, const struct stat *b)
+{
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* ---- file content ---- */
+
+/* Copy [off, end) (end < 0: to the end of the file) from sfd to the same offsets
+ * in dfd: copy_file_range while the kernel takes it (in-kernel, reflinks where
+ * the filesystem can), else pread/pwrite. */
+static int copy_range(struct copy_ctx *c, int sfd, int dfd, off_t off, off_t end, bool *use_cfr)
+{
+	while (end < 0 || off < end) {
+		if (fs_cancel_pending())
+			return err_set(c->err, ECANCELED, c->dpath, "cancelled");
+		uint64_t want = CFR_CHUNK;
+		if (end >= 0 && (uint64_t)(end - off) < want)
+			want = (uint64_t)(end - off);
+		ssize_t n = -1;
+		if (*use_cfr) {
+			off_t so = off, doff = off;
+			n = copy_file_range(sfd, &so, dfd, &doff, (size_t)want, 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+				/* another filesystem (older kernels), or one that cannot */
+				*use_cfr = false;
+				continue;
+			}
+			if (n < 0)
+				return err_set(c->err, errno, c->spath, "copy_file_range");
+			if (n == 0) {
+				/* the end, or a file whose size the kernel does not know
+				 * (procfs, sysfs: st_size 0): read() tells which */
+				*use_cfr = false;
+				continue;
+			}
+		} else {
+			if (c->rwbuf == NULL && (c->rwbuf = malloc(RW_BUF_SIZE)) == NULL)
+				return err_set(c->err, ENOMEM, c->spath, "out of memory");
+			if (want > RW_BUF_SIZE)
+				want = RW_BUF_SIZE;
+			n = pread(sfd, c->rwbuf, (size_t)want, off);
+			if (n < 0)
+				return err_set(c->err, errno, c->spath, "read");
+			if (n == 0)
+				break;
+			for (ssize_t w = 0; w < n;) {
+				ssize_t m = pwrite(dfd, c->rwbuf + w, (size_t)(n - w), off + w);
+				if (m < 0)
+					return err_set(c->err, errno, c->dpath, "write");
+				w += m;
+			}
+		}
+		off += n;
+		c->stats->bytes += (uint64_t)n;
+	}
+	return 0;
+}
+
+/* The content of sfd (fstat in *st) into the empty file dfd. A sparse file (fewer
+ * blocks than its size) is copied extent by extent, so its holes stay holes. */
+static int copy_data(struct copy_ctx *c, int sfd, int dfd, const struct stat *st)
+{
+	bool use_cfr = true;
+	if (st->st_size > 0 && (uint64_t)st->st_blocks * 512 < (uint64_t)st->st_size) {
+		off_t off = 0;
+		for (;;) {
+			off_t data = lseek(sfd, off, SEEK_DATA);
+			if (data < 0 && errno == ENXIO)
+				break; /* no data past off */
+			if (data < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
+				return copy_range(c, sfd, dfd, off, -1, &use_cfr);
+			if (data < 0)
+				return err_set(c->err, errno, c->spath, "lseek");
+			off_t hole = lseek(sfd, data, SEEK_HOLE);
+			if (hole < 0)
+				return err_set(c->err, errno, c->spath, "lseek");
+			if (copy_range(c, sfd, dfd, data, hole, &use_cfr) < 0)
+				return -1;
+			off = hole;
+		}
+		/* a hole at the end: give the copy its size */
+		if (ftruncate(dfd, st->st_size) < 0)
+			return err_set(c->err, errno, c->dpath, "truncate");
+		return 0;
+	}
+	return copy_range(c, sfd, dfd, 0, -1, &use_cfr);
+}
+
+/* ---- metadata ---- */
+
+/* Owner (when root), then mode (after the owner: chown clears setuid/setgid), then
+ * times, on fd (it may be O_PATH). Not for symlinks. */
+static int set_meta(struct copy_ctx *c, int fd, const struct stat *st)
+{
+	if (c->owners && fchownat(fd, "", st->st_uid, st->st_gid, AT_EMPTY_PATH) < 0)
+		return err_set(c->err, errno, c->dpath, "chown");
+	if (fs_fd_chmod(fd, st->st_mode & 07777) < 0)
+		return err_set(c->err, errno, c->dpath, "chmod");
+	struct timespec ts[2] = {st->st_atim, st->st_mtim};
+	if (fs_fd_utimens(fd, ts) < 0)
+		return err_set(c->err, errno, c->dpath, "utimensat");
+	return 0;
+}
+
+/* ---- one entry that is not a directory ---- */
+
+/* Regular file sfd (opened O_RDONLY) to ddir/dname, created here (O_EXCL). */
+static int copy_file(struct copy_ctx *c, int sfd, int ddir, const char *dname, bool sync)
+{
+	struct stat st;
+	if (fstat(sfd, &st) < 0)
+		return err_set(c->err, errno, c->spath, "stat");
+	if (!S_ISREG(st.st_mode))
+		return err_set(c->err, EAGAIN, c->spath, "source changed type while being copied");
+	int cleanup_close dfd = openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (dfd < 0)
+		return err_set(c->err, errno, c->dpath, "open");
+	c->stats->entries++;
+	if (copy_data(c, sfd, dfd, &st) < 0 || set_meta(c, dfd, &st) < 0)
+		return -1;
+	if (sync && fsync(dfd) < 0)
+		return err_set(c->err, errno, c->dpath, "fsync");
+	return 0;
+}
+
+/* A symlink, FIFO, socket or device node sdir/sname (lstat in *st), or a regular
+ * file (opened here, never following a symlink), to ddir/dname. */
+static int copy_node(struct copy_ctx *c, int sdir, const char *sname, const struct stat *st, int ddir,
+		     const char *dname, bool sync)
+{
+	if (S_ISREG(st->st_mode)) {
+		/* O_NONBLOCK: should it have become a FIFO meanwhile, open does not hang */
+		int cleanup_close sfd = openat(sdir, sname, O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+		if (sfd < 0)
+			return err_set(c->err, errno, c->spath, "open");
+		return copy_file(c, sfd, ddir, dname, sync);
+	}
+	if (S_ISLNK(st->st_mode)) {
+		char target[PATH_MAX];
+		ssize_t n = readlinkat(sdir, sname, target, sizeof(target) - 1);
+		if (n < 0)
+			return err_set(c->err, errno, c->spath, "readlink");
+		target[n] = '\0';
+		if (symlinkat(target, ddir, dname) < 0)
+			return err_set(c->err, errno, c->dpath, "symlink");
+		c->stats->entries++;
+		if (c->owners && fchownat(ddir, dname, st->st_uid, st->st_gid, AT_SYMLINK_NOFOLLOW) < 0)
+			return err_set(c->err, errno, c->dpath, "lchown");
+		struct timespec ts[2] = {st->st_atim, st->st_mtim};
+		if (utimensat(ddir, dname, ts, AT_SYMLINK_NOFOLLOW) < 0)
+			return err_set(c->err, errno, c->dpath, "utimensat");
+		return 0;
+	}
+	if (S_ISFIFO(st->st_mode) || S_ISSOCK(st->st_mode) || S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)) {
+		/* device nodes need CAP_MKNOD: EPERM otherwise, as for cp */
+		if (mknodat(ddir, dname, (st->st_mode & S_IFMT) | 0600, st->st_rdev) < 0)
+			return err_set(c->err, errno, c->dpath, "mknod");
+		c->stats->entries++;
+		/* O_PATH: the node is named, never opened (no FIFO wait, no device side effect) */
+		int cleanup_close fd = openat(ddir, dname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return err_set(c->err, errno, c->dpath, "open");
+		return set_meta(c, fd, st);
+	}
+	return err_set(c->err, EINVAL, c->spath, "cannot copy a file of type %#o", (unsigned)(st->st_mode & S_IFMT));
+}
+
+/* ---- trees ---- */
+
+struct cp_level {
+	struct fs_dirpos s; /* source directory (fd -1 while closed, deep trees) */
+	int dfd;            /* its copy (-1 likewise) */
+	struct stat st;     /* the source's, applied to the copy when it is complete */
+	dev_t ddev;         /* the copy's, to check it when opened again */
+	ino_t dino;
+};
+
+static void cp_close(struct copy_ctx *c, struct cp_level *l)
+{
+	if (l->s.fd >= 0) {
+		fs_dir_forget(c->dirbuf, l->s.fd);
+		close(l->s.fd);
+		l->s.fd = -1;
+	}
+	if (l->dfd >= 0) {
+		close(l->dfd);
+		l->dfd = -1;
+	}
+}
+
+/* Open sdir/sname and ddir/dname (just created) as directories; fill l. */
+static int cp_open(struct copy_ctx *c, int sdir, const char *sname, int ddir, const char *dname, struct cp_level *l)
+{
+	struct stat dst;
+	l->s.next = 0;
+	l->dfd = -1;
+	l->s.fd = openat(sdir, sname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (l->s.fd < 0)
+		return err_set(c->err, errno, c->spath, "open");
+	if (fstat(l->s.fd, &l->st) < 0) {
+		err_set(c->err, errno, c->spath, "stat");
+		cp_close(c, l);
+		return -1;
+	}
+	l->dfd = openat(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (l->dfd < 0 || fstat(l->dfd, &dst) < 0) {
+		err_set(c->err, errno, c->dpath, "open");
+		cp_close(c, l);
+		return -1;
+	}
+	l->ddev = dst.st_dev;
+	l->dino = dst.st_ino;
+	return 0;
+}
+
+/* Everything below the source directory sdir/sname into the new, empty directory
+ * ddir/dname, then its own metadata. A walk with an explicit stack: per level a
+ * position, a struct stat and (the deepest FS_WALK_OPEN levels) two fds; one entry
+ * buffer for the whole walk. */
+static int copy_tree(struct copy_ctx *c, int sdir, const char *sname, const struct stat *top, int ddir,
+		     const char *dname)
+{
+	struct cp_level *stack = malloc(16 * sizeof(*stack));
+	size_t n = 0, cap = 16;
+	int rc = -1;
+	if (stack == NULL)
+		return err_set(c->err, ENOMEM, c->spath, "out of memory");
+	if (cp_open(c, sdir, sname, ddir, dname, &stack[0]) < 0)
+		goto out;
+	n = 1;
+	if (!same_inode(&stack[0].st, top)) {
+		err_set(c->err, EAGAIN, c->spath, "source changed while being copied");
+		goto out;
+	}
+	while (n > 0) {
+		if (fs_cancel_pending()) {
+			err_set(c->err, ECANCELED, c->dpath, "cancelled");
+			goto out;
+		}
+		struct cp_level *l = &stack[n - 1];
+		const char *name;
+		unsigned char type;
+		int got = fs_dir_next(c->dirbuf, &l->s, &name, &type);
+		if (got < 0) {
+			err_set(c->err, errno, c->spath, "getdents");
+			goto out;
+		}
+		if (got == 0) {
+			/* complete: now its mode (maybe read-only) and times */
+			if (set_meta(c, l->dfd, &l->st) < 0)
+				goto out;
+			struct cp_level *up = n > 1 ? &stack[n - 2] : NULL;
+			if (up != NULL && up->s.fd < 0) {
+				up->s.fd = fs_dir_reopen_parent(l->s.fd, up->st.st_dev, up->st.st_ino);
+				if (up->s.fd < 0) {
+					err_set(c->err, errno, c->spath, "open ..");
+					goto out;
+				}
+				up->dfd = fs_dir_reopen_parent(l->dfd, up->ddev, up->dino);
+				if (up->dfd < 0) {
+					err_set(c->err, errno, c->dpath, "open ..");
+					goto out;
+				}
+			}
+			cp_close(c, l);
+			n--;
+			continue;
+		}
+		(void)type;
+		struct stat st;
+		if (fstatat(l->s.fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT)
+				continue; /* gone meanwhile */
+			err_set(c->err, errno, c->spath, "lstat");
+			goto out;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			if (copy_node(c, l->s.fd, name, &st, l->dfd, name, false) < 0)
+				goto out;
+			continue;
+		}
+		/* 0700 while it fills, whatever the source's mode */
+		if (mkdirat(l->dfd, name, 0700) < 0) {
+			err_set(c->err, errno, c->dpath, "mkdir");
+			goto out;
+		}
+		c->stats->entries++;
+		if (n == cap) {
+			struct cp_level *ns = realloc(stack, cap * 2 * sizeof(*ns));
+			if (ns == NULL) {
+				err_set(c->err, ENOMEM, c->spath, "out of memory");
+				goto out;
+			}
+			stack = ns;
+			cap *= 2;
+			l = &stack[n - 1];
+		}
+		if (cp_open(c, l->s.fd, name, l->dfd, name, &stack[n]) < 0)
+			goto out;
+		n++;
+		if (n > FS_WALK_OPEN)
+			cp_close(c, &stack[n - 1 - FS_WALK_OPEN]);
+	}
+	rc = 0;
+out:
+	while (n > 0)
+		cp_close(c, &stack[--n]);
+	free(stack);
+	return rc;
+}
+
+/* EINVAL if the directory *src is ddir or one of its ancestors: the copy would
+ * land inside what it copies. Walks ".." up to the root (--root or "/"). */
+static int check_not_below(struct copy_ctx *c, int ddir, const struct stat *src)
+{
+	struct stat rst, st, up;
+	if (fs_root_stat(&rst) < 0)
+		return err_set(c->err, errno, c->dpath, "stat of the root");
+	int fd = openat(ddir, ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return err_set(c->err, errno, c->dpath, "open");
+	for (;;) {
+		if (fstat(fd, &st) < 0) {
+			close(fd);
+			return err_set(c->err, errno, c->dpath, "stat");
+		}
+		if (same_inode(&st, src)) {
+			close(fd);
+			return err_set(c->err, EINVAL, c->dpath, "cannot copy a directory into itself");
+		}
+		if (same_inode(&st, &rst))
+			break;
+		int ufd = openat(fd, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (ufd < 0 || fstat(ufd, &up) < 0) {
+			int e = errno;
+			if (ufd >= 0)
+				close(ufd);
+			close(fd);
+			return err_set(c->err, e, c->dpath, "open ..");
+		}
+		close(fd);
+		fd = ufd;
+		if (same_inode(&up, &st))
+			break; /* the top of this process's tree */
+	}
+	close(fd);
+	return 0;
+}
+
+/* A name for the copy while it is built: random, so neither a leftover nor
+ * anyone else's file can be in the way. */
+static void temp_name(char out[64])
+{
+	uint8_t r[12];
+	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+		static unsigned long counter;
+		uint64_t t = mono_ns() ^ ((uint64_t)getpid() << 32);
+		unsigned long k = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+		memcpy(r, &t, 8);
+		memcpy(r + 8, &k, 4);
+	}
+	int o = snprintf(out, 64, ".sbx-copy-");
+	for (size_t i = 0; i < sizeof(r); i++)
+		o += snprintf(out + o, 64 - (size_t)o, "%02x", r[i]);
+}
+
+int fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, int ddfd, const char *dname,
+		  unsigned rename_flags, struct fs_copy_stats *stats, const char *spath, const char *dpath,
+		  struct shim_err *err)
+{
+	struct copy_ctx c = {
+		.stats = stats,
+		.spath = spath,
+		.dpath = dpath,
+		.err = err,
+		.owners = geteuid() == 0,
+	};
+	bool dir = S_ISDIR(st->st_mode);
+	char tmp[64];
+	temp_name(tmp);
+	int rc = -1;
+	if (dir) {
+		if (check_not_below(&c, ddfd, st) < 0)
+			return -1;
+		c.dirbuf = malloc(sizeof(*c.dirbuf));
+		if (c.dirbuf == NULL)
+			return err_set(err, ENOMEM, spath, "out of memory");
+		c.dirbuf->fd = -1;
+		if (mkdirat(ddfd, tmp, 0700) < 0) {
+			err_set(err, errno, dpath, "mkdir");
+			free(c.dirbuf);
+			return -1;
+		}
+		stats->entries++;
+		if (copy_tree(&c, sdfd, sname, st, ddfd, tmp) < 0)
+			goto fail;
+		/* the tree must be on disk before its name is (syncfs needs an fd
+		 * that is not O_PATH: ddfd is) */
+		int sync_fd = openat(ddfd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (sync_fd < 0 || syncfs(sync_fd) < 0) {
+			err_set(err, errno, dpath, "syncfs");
+			if (sync_fd >= 0)
+				close(sync_fd);
+			goto fail;
+		}
+		close(sync_fd);
+	} else if (sfd >= 0) {
+		if (copy_file(&c, sfd, ddfd, tmp, true) < 0)
+			goto fail;
+	} else if (copy_node(&c, sdfd, sname, st, ddfd, tmp, true) < 0) {
+		goto fail;
+	}
+	if (renameat2(ddfd, tmp, ddfd, dname, rename_flags) < 0) {
+		int e = errno;
+		/* a filesystem without RENAME_NOREPLACE: check, then plain rename */
+		struct stat dst;
+		if (e == EINVAL && (rename_flags & RENAME_NOREPLACE)) {
+			if (fstatat(ddfd, dname, &dst, AT_SYMLINK_NOFOLLOW) == 0)
+				e = EEXIST;
+			else if (renameat(ddfd, tmp, ddfd, dname) == 0)
+				goto done;
+			else
+				e = errno;
+		}
+		err_set(err, e, dpath, "rename");
+		goto fail;
+	}
+done:
+	rc = 0;
+	goto out;
+fail:
+	/* leave nothing behind; the first error is the one reported */
+	if (dir) {
+		struct shim_err ignored;
+		fs_remove_tree(ddfd, tmp, false, dpath, &ignored);
+	} else {
+		unlinkat(ddfd, tmp, 0);
+	}
+out:
+	free(c.dirbuf);
+	free(c.rwbuf);
+	return rc;
+}
+
+/* ---- the copy request ---- */
 
 int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
-	(void)req;
-	(void)reply;
-	return err_set(err, ENOSYS, NULL, "copy: not implemented yet");
+	const Shim__V1__CopyRequest *r = req->copy;
+	struct fs_path src, dst;
+	if (fs_path_get(&r->src, &src, err) < 0 || fs_path_get(&r->dst, &dst, err) < 0)
+		return -1;
+	bool recursive = r->has_recursive && r->recursive;
+	char sname[NAME_MAX + 1], dname[NAME_MAX + 1];
+	int cleanup_close sdfd = fs_open_parent(&src, sname, err);
+	if (sdfd < 0)
+		return -1;
+	int cleanup_close ddfd = fs_open_parent(&dst, dname, err);
+	if (ddfd < 0)
+		return -1;
+	struct stat st, dt;
+	if (fstatat(sdfd, sname, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, src.abs, "lstat");
+	int cleanup_close sfd = -1;
+	if (S_ISLNK(st.st_mode) && !recursive) {
+		/* like cp without -R: a symlink named as the source is followed (within
+		 * the root); with recursive it is copied as a symlink, like cp -R */
+		int cleanup_close pfd = fs_open(&src, O_PATH, 0, err);
+		if (pfd < 0 || fstat(pfd, &st) < 0)
+			return pfd < 0 ? -1 : err_set(err, errno, src.abs, "stat");
+		if (S_ISREG(st.st_mode)) {
+			sfd = fs_open(&src, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, err);
+			if (sfd < 0)
+				return -1;
+			struct stat ost;
+			if (fstat(sfd, &ost) < 0)
+				return err_set(err, errno, src.abs, "stat");
+			if (!same_inode(&ost, &st))
+				return err_set(err, EAGAIN, src.abs, "source changed while being opened");
+		}
+	}
+	if (S_ISDIR(st.st_mode) && !recursive)
+		return err_set(err, EISDIR, src.abs, "a directory needs a recursive copy");
+	/* dst is the exact destination: a file there is replaced (atomically), a
+	 * directory never is */
+	if (fstatat(ddfd, dname, &dt, AT_SYMLINK_NOFOLLOW) == 0) {
+		if (S_ISDIR(st.st_mode))
+			return err_set(err, EEXIST, dst.abs, "copy");
+		if (S_ISDIR(dt.st_mode))
+			return err_set(err, EISDIR, dst.abs, "copy");
+	} else if (errno != ENOENT) {
+		return err_set(err, errno, dst.abs, "lstat");
+	}
+	struct fs_copy_stats cs = {0, 0};
+	unsigned flags = S_ISDIR(st.st_mode) ? RENAME_NOREPLACE : 0;
+	sigset_t old;
+	fs_cancel_block(&old);
+	int rc = fs_copy_entry(sdfd, sname, sfd, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
+	fs_cancel_restore(&old);
+	if (rc < 0)
+		return -1;
+	Shim__V1__CopyReply cr = SHIM__V1__COPY_REPLY__INIT;
+	cr.bytes = cs.bytes;
+	cr.entries = cs.entries;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_COPY;
+	res.copy = &cr;
+	return op_reply_pack(reply, &res, err);
 }
