@@ -17,7 +17,7 @@
 
 struct server *srv;
 
-const char *const server_features[] = {"info", "echo", NULL};
+const char *const server_features[] = {"info", "echo", "fs", NULL};
 
 void server_config_defaults(struct server_config *cfg)
 {
