@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #ifndef ST_VALID
@@ -380,6 +381,24 @@ int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 
 /* ---- rename ---- */
 
+/* Can the entry st in directory dfd be removed by us? Checked before a move across
+ * filesystems copies anything. 0, or -1 with the errno removing it would give. */
+static int src_removable(int dfd, const struct stat *st, const char *path, struct shim_err *err)
+{
+	struct statvfs vfs;
+	if (fstatvfs(dfd, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
+		return err_set(err, EROFS, path, "rename");
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", dfd);
+	if (access(proc, W_OK | X_OK) < 0 && errno == EACCES)
+		return err_set(err, EACCES, path, "rename");
+	struct stat ds;
+	if (fstat(dfd, &ds) == 0 && (ds.st_mode & S_ISVTX) && geteuid() != 0 && st->st_uid != geteuid() &&
+	    ds.st_uid != geteuid())
+		return err_set(err, EPERM, path, "rename");
+	return 0;
+}
+
 int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
 {
 	const Shim__V1__RenameRequest *r = req->rename;
@@ -421,16 +440,32 @@ int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 	}
 	if (is_dot(sname))
 		return err_set(err, EBUSY, src.abs, "rename");
+	bool dst_existed = fstatat(ddfd, dname, &dt, AT_SYMLINK_NOFOLLOW) == 0;
+	/* The source must be removable once copied, or the "move" would leave the data
+	 * in both places: check what can be checked before copying anything (a
+	 * read-only mount, no write permission on its directory, a sticky directory). */
+	if (src_removable(sdfd, &st, src.abs, err) < 0)
+		return -1;
 	struct fs_copy_stats cs = {0, 0};
 	sigset_t old;
 	fs_cancel_block(&old);
 	int rc = fs_copy_entry(sdfd, sname, -1, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
 	/* once dst is in place the move is done but for removing the source: a
 	 * cancel no longer stops it halfway */
+	bool copied = rc == 0;
 	if (rc == 0 && S_ISDIR(st.st_mode))
 		rc = fs_remove_tree(sdfd, sname, false, src.abs, err);
 	else if (rc == 0 && unlinkat(sdfd, sname, 0) < 0)
 		rc = err_set(err, errno, src.abs, "unlink");
+	if (rc < 0 && copied && !dst_existed) {
+		/* the source could not go after all: take the copy back, so that a failed
+		 * move leaves one copy of the data, not two */
+		struct shim_err ignored;
+		if (S_ISDIR(st.st_mode))
+			fs_remove_tree(ddfd, dname, false, dst.abs, &ignored);
+		else
+			unlinkat(ddfd, dname, 0);
+	}
 	fs_cancel_restore(&old);
 	if (rc < 0)
 		return -1;

@@ -1,20 +1,942 @@
 /* op_fs_io.c: streamed file reads and atomic writes, with bounded memory and all I/O on workers. */
 #include "conn.h"
 #include "fs.h"
+#include "journal.h"
+#include "log.h"
 #include "ops.h"
+#include "util.h"
+#include "worker.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* ================================ read ================================ */
+
+/* Two buffers: a worker fills one with pread while the loop sends the other. */
+#define READ_BUF (256u << 10)
+#define READ_NBUF 2
+
+enum { RB_IDLE, RB_BUSY, RB_READY };
+
+struct rd;
+
+struct rd_buf {
+	struct work work;
+	struct rd *r;
+	uint8_t *data;
+	uint64_t off; /* file offset of data[0] */
+	size_t want;  /* bytes asked for */
+	size_t len;   /* bytes read */
+	size_t sent;  /* bytes of data already queued as DATA */
+	int err;      /* errno of a failed read, or 0 */
+	int state;
+};
+
+struct rd {
+	struct stream *st; /* NULL once the stream has ended (or was cancelled) */
+	struct fs_path p;
+	struct work work; /* open, and at the end close */
+	struct shim_err err;
+	int rc;
+	int fd;
+	bool seekable;
+	bool sparse;        /* a regular file with fewer blocks than its size: look for holes */
+	bool opening;       /* the open job is in flight */
+	bool stop;          /* submit nothing more */
+	bool closing;       /* the close job is on its way: free when it is back */
+	unsigned busy;      /* jobs in flight */
+	uint64_t next, end; /* next offset to ask for; where to stop (saturated) */
+	uint64_t sent;
+	size_t cap;          /* size of each buffer */
+	unsigned nbuf, head; /* head: the buffer to send next (lowest offset) */
+	struct rd_buf b[READ_NBUF];
+};
+
+static void rd_release(struct rd *r);
+static void rd_pump(struct stream *st);
+
+static void rd_free(struct rd *r)
+{
+	for (unsigned i = 0; i < READ_NBUF; i++)
+		free(r->b[i].data);
+	free(r);
+}
+
+static void rd_close_run(struct work *w)
+{
+	struct rd *r = container_of(w, struct rd, work);
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+}
+
+static void rd_close_done(struct work *w)
+{
+	rd_free(container_of(w, struct rd, work));
+}
+
+/* The stream is over (ended by us or cancelled): free once no job holds r. The fd
+ * is closed on a worker like every other file call. */
+static void rd_release(struct rd *r)
+{
+	r->stop = true;
+	if (r->busy > 0 || r->closing)
+		return;
+	if (r->fd < 0) {
+		rd_free(r);
+		return;
+	}
+	r->closing = true;
+	r->work.run = rd_close_run;
+	r->work.done = rd_close_done;
+	worker_submit(&r->work);
+}
+
+/* In a sparse file, the bytes of a hole: zeros written into the buffer cost far less
+ * than pread, which has the kernel allocate and clear page-cache pages for them. 0 if
+ * there is data at pos (or no way to tell), else the number of zero bytes put in. */
+static size_t rd_hole(struct rd *r, struct rd_buf *b)
+{
+	uint64_t pos = b->off + b->len;
+	size_t room = b->want - b->len;
+	off_t d = lseek(r->fd, (off_t)pos, SEEK_DATA);
+	uint64_t zeros;
+	if (d >= 0) {
+		if ((uint64_t)d <= pos)
+			return 0;
+		zeros = (uint64_t)d - pos;
+	} else {
+		struct stat st;
+		/* ENXIO: no data from pos on, the rest of the file is a hole */
+		if (errno != ENXIO || fstat(r->fd, &st) < 0 || (uint64_t)st.st_size <= pos)
+			return 0;
+		zeros = (uint64_t)st.st_size - pos;
+	}
+	size_t n = zeros < room ? (size_t)zeros : room;
+	memset(b->data + b->len, 0, n);
+	return n;
+}
+
+static void rd_buf_run(struct work *w)
+{
+	struct rd_buf *b = container_of(w, struct rd_buf, work);
+	struct rd *r = b->r;
+	while (b->len < b->want) {
+		if (r->sparse) {
+			size_t z = rd_hole(r, b);
+			if (z > 0) {
+				b->len += z;
+				continue;
+			}
+		}
+		ssize_t n;
+		if (r->seekable)
+			n = pread(r->fd, b->data + b->len, b->want - b->len, (off_t)(b->off + b->len));
+		else
+			n = read(r->fd, b->data + b->len, b->want - b->len);
+		if (n < 0) {
+			if (errno == EINTR && !worker_cancelled(w))
+				continue;
+			b->err = errno;
+			return;
+		}
+		if (n == 0)
+			return; /* end of file */
+		b->len += (size_t)n;
+		/* a pipe or a device: hand on what came, rather than wait for a full buffer */
+		if (!r->seekable)
+			return;
+	}
+}
+
+static void rd_buf_done(struct work *w)
+{
+	struct rd_buf *b = container_of(w, struct rd_buf, work);
+	struct rd *r = b->r;
+	r->busy--;
+	b->state = RB_READY;
+	if (r->st == NULL) {
+		rd_release(r);
+		return;
+	}
+	rd_pump(r->st);
+}
+
+/* Ask a worker to fill b with the next range; leaves b idle when all is asked for. */
+static void rd_submit(struct rd *r, struct rd_buf *b)
+{
+	b->state = RB_IDLE;
+	if (r->stop || r->next >= r->end)
+		return;
+	uint64_t left = r->end - r->next;
+	b->off = r->next;
+	b->want = left < r->cap ? (size_t)left : r->cap;
+	b->len = b->sent = 0;
+	b->err = 0;
+	b->state = RB_BUSY;
+	/* a pipe returns what it has: its next offset is known only afterwards */
+	if (r->seekable)
+		r->next += b->want;
+	r->busy++;
+	worker_submit(&b->work);
+}
+
+static void rd_finish(struct rd *r)
+{
+	struct stream *st = r->st;
+	r->st = NULL;
+	stream_send_data(st, NULL, 0, true);
+	Shim__V1__ReadReply rr = SHIM__V1__READ_REPLY__INIT;
+	rr.bytes = r->sent;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_READ;
+	res.read = &rr;
+	op_end(st, &res);
+	rd_release(r);
+}
+
+static void rd_fail(struct rd *r, const struct shim_err *err)
+{
+	struct stream *st = r->st;
+	r->st = NULL;
+	stream_fail(st, err);
+	rd_release(r);
+}
+
+/* Send what the buffers hold, in file order, as far as credit and the connection
+ * allow; refill each buffer as soon as it is drained. */
+static void rd_pump(struct stream *st)
+{
+	struct rd *r = st->op_data;
+	for (;;) {
+		struct rd_buf *b = &r->b[r->head];
+		if (b->state == RB_BUSY)
+			return; /* rd_buf_done comes back here */
+		if (b->state == RB_IDLE) {
+			rd_finish(r);
+			return;
+		}
+		if (b->err != 0) {
+			/* also after bytes went out: the client must not take a short file
+			 * for a whole one */
+			struct shim_err e;
+			err_set(&e, b->err, r->p.abs, "read");
+			rd_fail(r, &e);
+			return;
+		}
+		while (b->sent < b->len) {
+			size_t n = stream_can_send(st);
+			if (n == 0) {
+				stream_wait_writable(st);
+				return;
+			}
+			if (n > b->len - b->sent)
+				n = b->len - b->sent;
+			stream_send_data(st, b->data + b->sent, n, false);
+			b->sent += n;
+			r->sent += n;
+		}
+		bool eof = r->seekable ? b->len < b->want : b->len == 0;
+		if (!r->seekable)
+			r->next = b->off + b->len;
+		if (eof)
+			r->stop = true;
+		rd_submit(r, b);
+		r->head = (r->head + 1) % r->nbuf;
+		if (eof) {
+			/* the other buffer holds bytes past the end, if any: drop them */
+			rd_finish(r);
+			return;
+		}
+	}
+}
+
+static void rd_cancel(struct stream *st)
+{
+	struct rd *r = st->op_data;
+	r->st = NULL;
+	/* a FIFO without a writer blocks in open or read: interrupt it (EINTR) */
+	if (r->busy > 0) {
+		for (unsigned i = 0; i < READ_NBUF; i++)
+			if (r->b[i].state == RB_BUSY)
+				worker_interrupt(&r->b[i].work);
+		if (r->opening)
+			worker_interrupt(&r->work);
+	}
+	rd_release(r);
+}
+
+static const struct stream_ops rd_ops = {.writable = rd_pump, .cancel = rd_cancel};
+
+static void rd_open_run(struct work *w)
+{
+	struct rd *r = container_of(w, struct rd, work);
+	uint64_t offset = r->next;
+	r->rc = -1;
+	struct stat st;
+	if (offset > 0) {
+		/* before the open, which for a FIFO waits for a writer */
+		if (fs_stat(&r->p, true, &st, &r->err) < 0)
+			return;
+		if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
+			err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
+			return;
+		}
+	}
+	int cleanup_close fd = fs_open(&r->p, O_RDONLY | O_NOCTTY, 0, &r->err);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &st) < 0) {
+		err_set(&r->err, errno, r->p.abs, "stat");
+		return;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		err_set(&r->err, EISDIR, r->p.abs, "read");
+		return;
+	}
+	r->seekable = S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
+	if (!r->seekable && offset > 0) {
+		err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
+		return;
+	}
+	if (offset > (uint64_t)INT64_MAX) {
+		err_set(&r->err, EINVAL, r->p.abs, "offset beyond the largest file offset");
+		return;
+	}
+	/* Buffers no larger than what is to be read: a small file costs little. */
+	r->cap = READ_BUF;
+	r->nbuf = READ_NBUF;
+	uint64_t want = r->end - offset;
+	if (S_ISREG(st.st_mode)) {
+		uint64_t size_left = (uint64_t)st.st_size > offset ? (uint64_t)st.st_size - offset : 0;
+		/* one page more than the size, so that a file that is just this size is
+		 * found complete by a single short read */
+		if (size_left + 4096 < want)
+			want = size_left + 4096;
+		/* (a file of /proc has size 0 and is never taken for sparse) */
+		r->sparse = st.st_size > 0 && (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size;
+		posix_fadvise(fd, (off_t)offset, 0, POSIX_FADV_SEQUENTIAL);
+	}
+	if (want < r->cap) {
+		r->cap = want > 0 ? (size_t)want : 1;
+		r->nbuf = 1;
+	}
+	if (!r->seekable)
+		r->nbuf = 1;
+	for (unsigned i = 0; i < r->nbuf; i++) {
+		r->b[i].data = malloc(r->cap);
+		if (r->b[i].data == NULL) {
+			err_set(&r->err, ENOMEM, r->p.abs, "out of memory");
+			return;
+		}
+	}
+	r->fd = steal_fd(fd);
+	r->rc = 0;
+}
+
+static void rd_open_done(struct work *w)
+{
+	struct rd *r = container_of(w, struct rd, work);
+	r->busy--;
+	r->opening = false;
+	if (r->st == NULL) {
+		rd_release(r);
+		return;
+	}
+	if (r->rc < 0) {
+		rd_fail(r, &r->err);
+		return;
+	}
+	for (unsigned i = 0; i < r->nbuf; i++)
+		rd_submit(r, &r->b[i]);
+	rd_pump(r->st);
+}
 
 int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "read: not implemented yet");
+	const Shim__V1__ReadRequest *q = req->read;
+	struct rd *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	if (fs_path_get(&q->path, &r->p, err) < 0) {
+		free(r);
+		return -1;
+	}
+	r->fd = -1;
+	r->next = q->has_offset ? q->offset : 0;
+	r->end = UINT64_MAX;
+	if (q->has_length && q->length < UINT64_MAX - r->next)
+		r->end = r->next + q->length;
+	for (unsigned i = 0; i < READ_NBUF; i++) {
+		r->b[i].r = r;
+		r->b[i].work.run = rd_buf_run;
+		r->b[i].work.done = rd_buf_done;
+	}
+	r->st = st;
+	r->work.run = rd_open_run;
+	r->work.done = rd_open_done;
+	r->busy = 1;
+	r->opening = true;
+	st->ops = &rd_ops;
+	st->op_data = r;
+	worker_submit(&r->work);
+	return 0;
 }
+
+/* ================================ write ================================ */
+
+/* An upload: received bytes wait in a ring as large as the credit the client has
+ * (the initial window), since credit goes back only for bytes written; each write
+ * job takes all that is there. Measured here, fewer and bigger writes beat splitting
+ * the ring so that the client can send into one half while a worker writes the
+ * other, and a bigger ring (more credit) gained nothing measurable. What makes an
+ * upload about as fast as the disk is starting writeback as the bytes come
+ * (sync_file_range every WRITEBACK_STEP bytes), instead of leaving the whole file to
+ * the final fsync. */
+#define WRITEBACK_STEP (8u << 20)
+
+/* WJ_WRITE_COMMIT: the last bytes and the commit in one job (one hand-off less for
+ * a small file, whose bytes and FIN usually come all at once). */
+enum wr_job { WJ_OPEN, WJ_WRITE, WJ_WRITE_COMMIT, WJ_COMMIT, WJ_CLOSE };
+
+struct wr {
+	struct stream *st; /* NULL once the stream has ended (or was cancelled) */
+	struct work work;  /* one job at a time */
+	enum wr_job job;
+	bool busy;
+	bool opened;
+	bool released; /* fd, temp file and journal entry are all gone */
+	int rc;
+	struct shim_err err;
+
+	struct fs_path p;
+	bool append, exclusive, parents, in_place, has_mode;
+	mode_t mode;
+
+	int fd;
+	bool positional; /* pwrite at off (a regular file, not O_APPEND) */
+	bool created;    /* in place: we created the file */
+	/* atomic: the parent directory (O_PATH), the final name, the temp file */
+	int dfd;
+	char name[NAME_MAX + 1];
+	char tmp[NAME_MAX + 1];
+	bool tmp_made;
+	struct journal_entry *jent;
+	bool existed;
+	struct stat old;
+
+	/* Bytes received and not yet written: a ring no larger than the credit we
+	 * grant, since credit goes back only for bytes written. */
+	uint8_t *ring;
+	size_t cap, head, len;
+	size_t job_len; /* bytes the write job in flight takes from head */
+	uint64_t off, total;
+	uint64_t flushed; /* positional: writeback started for the bytes before this offset */
+	bool fin;
+	struct stat done_st;
+};
+
+static void wr_submit(struct wr *w, enum wr_job job);
+
+static void wr_free(struct wr *w)
+{
+	free(w->ring);
+	free(w);
+}
+
+/* Worker side: drop the temp file, the journal entry and the fds. Idempotent. */
+static void wr_release(struct wr *w)
+{
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = -1;
+	if (w->tmp_made && unlinkat(w->dfd, w->tmp, 0) < 0 && errno != ENOENT)
+		log_warn("write %s: cannot remove the temp file %s: %s", w->p.abs, w->tmp, strerror(errno));
+	w->tmp_made = false;
+	journal_remove(w->jent);
+	w->jent = NULL;
+	if (w->dfd >= 0)
+		close(w->dfd);
+	w->dfd = -1;
+	w->released = true;
+}
+
+static int wr_fail(struct wr *w, int code, const char *what)
+{
+	err_set(&w->err, code, w->p.abs, "%s", what);
+	wr_release(w);
+	return -1;
+}
+
+/* mkdir -p of the parent of p, confined like every other path. */
+static int mkdir_parents(const struct fs_path *p, struct shim_err *err)
+{
+	char name[NAME_MAX + 1];
+	struct shim_err e;
+	int fd = fs_open_parent(p, name, &e);
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	if (e.code != ENOENT) {
+		*err = e;
+		return -1;
+	}
+	size_t len = p->len;
+	while (len > 1 && p->abs[len - 1] == '/')
+		len--;
+	/* each prefix ending before a '/', down to the parent itself */
+	for (size_t k = 1; k < len; k++) {
+		if (p->abs[k] != '/' || p->abs[k - 1] == '/')
+			continue;
+		struct fs_path q;
+		memcpy(q.abs, p->abs, k);
+		q.abs[k] = '\0';
+		q.len = k;
+		int dfd = fs_open_parent(&q, name, &e);
+		if (dfd < 0)
+			return err_set(err, e.code, p->abs, "create parent directories: %s", e.msg);
+		int rc = mkdirat(dfd, name, 0755);
+		int en = errno;
+		close(dfd);
+		if (rc < 0 && en != EEXIST)
+			return err_set(err, en, p->abs, "create parent directory %s", q.abs);
+	}
+	return 0;
+}
+
+/* append / no_atomic, and files that cannot be replaced (devices, FIFOs): open the
+ * file itself. */
+static int wr_open_in_place(struct wr *w, bool append, bool trunc)
+{
+	int flags = O_WRONLY | O_NOCTTY | (append ? O_APPEND : 0) | (trunc ? O_TRUNC : 0);
+	/* Try to create first, so that we know whether the file is new (it then gets
+	 * the requested mode or 0644, whatever the umask). */
+	for (int tries = 0; tries < 3; tries++) {
+		w->fd = fs_open(&w->p, flags | O_CREAT | O_EXCL, 0600, &w->err);
+		if (w->fd >= 0) {
+			w->created = true;
+			break;
+		}
+		if (w->err.code != EEXIST || w->exclusive)
+			return wr_fail(w, w->err.code, "open");
+		w->fd = fs_open(&w->p, flags, 0, &w->err);
+		if (w->fd >= 0 || w->err.code != ENOENT)
+			break;
+		/* removed in between (or a dangling symlink): try again */
+	}
+	if (w->fd < 0)
+		return wr_fail(w, w->err.code, "open");
+	struct stat st;
+	if (fstat(w->fd, &st) < 0)
+		return wr_fail(w, errno, "stat");
+	w->positional = S_ISREG(st.st_mode) && !append;
+	return 0;
+}
+
+/* The real path of the temp file, for the journal: the directory as the kernel
+ * sees it (outside any --root), so that a sweep finds it whatever the root. */
+static int temp_real_path(struct wr *w, char *buf, size_t size)
+{
+	char proc[64], dir[PATH_MAX];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", w->dfd);
+	ssize_t n = readlink(proc, dir, sizeof(dir) - 1);
+	if (n > 0) {
+		dir[n] = '\0';
+	} else {
+		/* no /proc: the path as given, beneath the root */
+		const char *root = fs_root() ? fs_root() : "";
+		const char *slash = strrchr(w->p.abs, '/');
+		snprintf(dir, sizeof(dir), "%s%.*s", root, (int)(slash - w->p.abs), w->p.abs);
+	}
+	int m = snprintf(buf, size, "%s%s%s", dir, strcmp(dir, "/") == 0 ? "" : "/", w->tmp);
+	if (m < 0 || (size_t)m >= size)
+		return err_set(&w->err, ENAMETOOLONG, w->p.abs, "temp file path too long");
+	return 0;
+}
+
+/* Look at what is at the final name: refuse a directory, follow a symlink to the
+ * file it names (within the root), note the mode and owner to keep. Returns 1 when
+ * the file cannot be replaced and must be written in place. */
+static int wr_check_target(struct wr *w)
+{
+	struct stat st;
+	if (fstatat(w->dfd, w->name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		return wr_fail(w, errno, "stat");
+	}
+	if (w->exclusive)
+		return wr_fail(w, EEXIST, "exclusive write");
+	if (S_ISLNK(st.st_mode)) {
+		/* write the file the link names (resolved beneath the root); a dangling
+		 * link is replaced by the new file */
+		struct shim_err e;
+		int cleanup_close tfd = fs_open(&w->p, O_PATH, 0, &e);
+		if (tfd < 0) {
+			if (e.code == ENOENT)
+				return 0;
+			return wr_fail(w, e.code, "open");
+		}
+		struct fs_path q;
+		if (fs_fd_path(tfd, q.abs, sizeof(q.abs), &e) < 0)
+			return wr_fail(w, e.code, "resolve the symlink");
+		q.len = strlen(q.abs);
+		close(w->dfd);
+		w->dfd = fs_open_parent(&q, w->name, &e);
+		if (w->dfd < 0)
+			return wr_fail(w, e.code, "open parent directory");
+		if (fstatat(w->dfd, w->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			return wr_fail(w, errno, "stat");
+	}
+	if (S_ISDIR(st.st_mode))
+		return wr_fail(w, EISDIR, "write");
+	if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+		return 1; /* replacing /dev/null with a file would be a surprise */
+	/* A file bind-mounted over the name (a container's /etc/hosts) cannot be
+	 * renamed over (EBUSY): it can only be written in place. (Kernels before 5.8
+	 * do not tell: the rename then fails with EBUSY.) */
+	struct statx sx;
+	if (statx(w->dfd, w->name, AT_SYMLINK_NOFOLLOW, 0, &sx) == 0 &&
+	    (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT))
+		return 1;
+	w->existed = S_ISREG(st.st_mode);
+	w->old = st;
+	return 0;
+}
+
+static int wr_open_atomic(struct wr *w)
+{
+	w->dfd = fs_open_parent(&w->p, w->name, &w->err);
+	if (w->dfd < 0)
+		return wr_fail(w, w->err.code, "open parent directory");
+	if (strcmp(w->name, ".") == 0 || strcmp(w->name, "..") == 0 || w->p.abs[w->p.len - 1] == '/')
+		return wr_fail(w, EISDIR, "write");
+	int rc = wr_check_target(w);
+	if (rc < 0)
+		return -1;
+	if (rc == 1) {
+		close(w->dfd);
+		w->dfd = -1;
+		return wr_open_in_place(w, false, true);
+	}
+	char path[PATH_MAX + NAME_MAX + 2];
+	for (int tries = 0;; tries++) {
+		journal_temp_name(w->name, w->tmp, sizeof(w->tmp));
+		if (temp_real_path(w, path, sizeof(path)) < 0) {
+			wr_release(w);
+			return -1;
+		}
+		/* in the journal before it exists: a crash from here on is cleaned up */
+		struct shim_err je;
+		w->jent = journal_add(path, &je);
+		if (w->jent == NULL)
+			return wr_fail(w, je.code, je.msg);
+		w->fd = openat(w->dfd, w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0600);
+		if (w->fd >= 0)
+			break;
+		int en = errno;
+		journal_remove(w->jent);
+		w->jent = NULL;
+		if (en != EEXIST || tries >= 10)
+			return wr_fail(w, en, "create temp file");
+	}
+	w->tmp_made = true;
+	w->positional = true;
+	return 0;
+}
+
+static void wr_open_run(struct wr *w)
+{
+	w->rc = -1;
+	if (w->parents && mkdir_parents(&w->p, &w->err) < 0) {
+		wr_release(w);
+		return;
+	}
+	int rc = w->in_place ? wr_open_in_place(w, w->append, !w->append) : wr_open_atomic(w);
+	if (rc == 0)
+		w->rc = 0;
+}
+
+static void wr_write_run(struct wr *w)
+{
+	w->rc = -1;
+	size_t done = 0;
+	while (done < w->job_len) {
+		/* the bytes from head, in at most two pieces (the ring wraps) */
+		size_t start = (w->head + done) % w->cap;
+		size_t left = w->job_len - done;
+		struct iovec iov[2];
+		int n = 1;
+		iov[0].iov_base = w->ring + start;
+		iov[0].iov_len = left < w->cap - start ? left : w->cap - start;
+		if (iov[0].iov_len < left) {
+			iov[1].iov_base = w->ring;
+			iov[1].iov_len = left - iov[0].iov_len;
+			n = 2;
+		}
+		ssize_t k = w->positional ? pwritev(w->fd, iov, n, (off_t)w->off) : writev(w->fd, iov, n);
+		if (k < 0) {
+			if (errno == EINTR && !worker_cancelled(&w->work))
+				continue;
+			wr_fail(w, errno, "write");
+			return;
+		}
+		if (k == 0) {
+			wr_fail(w, ENOSPC, "write");
+			return;
+		}
+		done += (size_t)k;
+		w->off += (uint64_t)k;
+	}
+	if (w->positional && w->off - w->flushed >= WRITEBACK_STEP) {
+		/* Start writing back what has piled up, without waiting for it: the disk
+		 * works while the next bytes arrive, and the final fsync has little left
+		 * to do (instead of the whole file, all at once, at the end). */
+		sync_file_range(w->fd, (off_t)w->flushed, (off_t)(w->off - w->flushed), SYNC_FILE_RANGE_WRITE);
+		w->flushed = w->off;
+	}
+	w->rc = 0;
+}
+
+/* Make the bytes durable and, in atomic mode, put them in place. */
+static void wr_commit_run(struct wr *w)
+{
+	w->rc = -1;
+	if (w->tmp_made) {
+		/* owner before mode: chown clears set-id bits */
+		if (w->existed && geteuid() == 0 && fchown(w->fd, w->old.st_uid, w->old.st_gid) < 0 && errno != EPERM &&
+		    errno != EINVAL) {
+			wr_fail(w, errno, "chown temp file");
+			return;
+		}
+		mode_t m = w->has_mode ? w->mode : w->existed ? (w->old.st_mode & 07777) : 0644;
+		if (fchmod(w->fd, m) < 0) {
+			wr_fail(w, errno, "chmod temp file");
+			return;
+		}
+		if (fsync(w->fd) < 0) {
+			wr_fail(w, errno, "fsync");
+			return;
+		}
+		if (worker_cancelled(&w->work)) {
+			wr_fail(w, ECANCELED, "cancelled");
+			return;
+		}
+		int rc;
+		if (w->exclusive) {
+			rc = renameat2(w->dfd, w->tmp, w->dfd, w->name, RENAME_NOREPLACE);
+			if (rc < 0 && (errno == EINVAL || errno == ENOSYS)) {
+				/* a filesystem without RENAME_NOREPLACE: link refuses to replace too */
+				rc = linkat(w->dfd, w->tmp, w->dfd, w->name, 0);
+				if (rc == 0)
+					unlinkat(w->dfd, w->tmp, 0);
+			}
+		} else {
+			rc = renameat(w->dfd, w->tmp, w->dfd, w->name);
+		}
+		if (rc < 0) {
+			wr_fail(w, errno, "rename into place");
+			return;
+		}
+		w->tmp_made = false;
+		/* the rename itself must survive a crash */
+		int dirfd = openat(w->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dirfd >= 0) {
+			if (fsync(dirfd) < 0 && errno != EINVAL)
+				log_warn("write %s: fsync of the directory: %s", w->p.abs, strerror(errno));
+			close(dirfd);
+		}
+	} else {
+		if ((w->has_mode || w->created) && fchmod(w->fd, w->has_mode ? w->mode : 0644) < 0) {
+			wr_fail(w, errno, "chmod");
+			return;
+		}
+		/* EINVAL: a FIFO or a device that cannot be synced */
+		if (fsync(w->fd) < 0 && errno != EINVAL && errno != EROFS) {
+			wr_fail(w, errno, "fsync");
+			return;
+		}
+	}
+	if (fstat(w->fd, &w->done_st) < 0) {
+		wr_fail(w, errno, "stat");
+		return;
+	}
+	wr_release(w);
+	w->rc = 0;
+}
+
+static void wr_run(struct work *wk)
+{
+	struct wr *w = container_of(wk, struct wr, work);
+	switch (w->job) {
+	case WJ_OPEN:
+		wr_open_run(w);
+		break;
+	case WJ_WRITE:
+		wr_write_run(w);
+		break;
+	case WJ_WRITE_COMMIT:
+		wr_write_run(w);
+		if (w->rc == 0)
+			wr_commit_run(w);
+		break;
+	case WJ_COMMIT:
+		wr_commit_run(w);
+		break;
+	case WJ_CLOSE:
+		wr_release(w);
+		break;
+	}
+}
+
+static void wr_pump(struct wr *w)
+{
+	if (w->busy || !w->opened)
+		return;
+	if (w->len > 0) {
+		w->job_len = w->len;
+		wr_submit(w, w->fin ? WJ_WRITE_COMMIT : WJ_WRITE);
+	} else if (w->fin) {
+		wr_submit(w, WJ_COMMIT);
+	}
+}
+
+static void wr_reply(struct wr *w)
+{
+	struct stream *st = w->st;
+	w->st = NULL;
+	Shim__V1__FileStat fst;
+	Shim__V1__Timestamp ts[3];
+	fs_fill_stat(&fst, ts, &w->done_st, NULL, 0);
+	Shim__V1__WriteReply wr = SHIM__V1__WRITE_REPLY__INIT;
+	wr.bytes = w->total;
+	wr.stat = &fst;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_WRITE;
+	res.write = &wr;
+	op_end(st, &res);
+}
+
+static void wr_done(struct work *wk)
+{
+	struct wr *w = container_of(wk, struct wr, work);
+	w->busy = false;
+	if (w->st == NULL) {
+		/* cancelled while the job ran: clean up, then free */
+		if (!w->released)
+			wr_submit(w, WJ_CLOSE);
+		else
+			wr_free(w);
+		return;
+	}
+	if (w->rc < 0) {
+		/* the job has already dropped the temp file and the journal entry */
+		struct stream *st = w->st;
+		w->st = NULL;
+		stream_fail(st, &w->err);
+		wr_free(w);
+		return;
+	}
+	switch (w->job) {
+	case WJ_OPEN:
+		w->opened = true;
+		break;
+	case WJ_WRITE:
+		w->head = (w->head + w->job_len) % w->cap;
+		w->len -= w->job_len;
+		w->total += w->job_len;
+		/* credit back only now: a slow disk slows this stream and no other */
+		stream_grant(w->st, (uint32_t)w->job_len);
+		break;
+	case WJ_WRITE_COMMIT:
+		w->total += w->job_len;
+		wr_reply(w);
+		wr_free(w);
+		return;
+	case WJ_COMMIT:
+		wr_reply(w);
+		wr_free(w);
+		return;
+	case WJ_CLOSE:
+		break;
+	}
+	wr_pump(w);
+}
+
+static void wr_submit(struct wr *w, enum wr_job job)
+{
+	w->job = job;
+	w->busy = true;
+	worker_submit(&w->work);
+}
+
+static int wr_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	struct wr *w = st->op_data;
+	if (len > w->cap - w->len)
+		return err_set(err, ENOBUFS, w->p.abs, "write buffer full"); /* conn checks credit first */
+	size_t tail = (w->head + w->len) % w->cap;
+	size_t first = len < w->cap - tail ? len : w->cap - tail;
+	memcpy(w->ring + tail, buf, first);
+	memcpy(w->ring, buf + first, len - first);
+	w->len += len;
+	if (fin)
+		w->fin = true;
+	wr_pump(w);
+	return 0;
+}
+
+static void wr_cancel(struct stream *st)
+{
+	struct wr *w = st->op_data;
+	w->st = NULL;
+	if (w->busy) {
+		/* wr_done cleans up when the job is back; an open of a FIFO returns now */
+		worker_interrupt(&w->work);
+		return;
+	}
+	wr_submit(w, WJ_CLOSE);
+}
+
+static const struct stream_ops wr_ops = {.data = wr_data, .cancel = wr_cancel};
 
 int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "write: not implemented yet");
+	const Shim__V1__WriteRequest *q = req->write;
+	struct fs_path p;
+	if (fs_path_get(&q->path, &p, err) < 0)
+		return -1;
+	if (q->has_mode && (q->mode & ~07777u) != 0)
+		return err_set(err, EINVAL, p.abs, "mode %#o has bits beyond 07777", q->mode);
+	struct wr *w = calloc(1, sizeof(*w));
+	if (w == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	w->cap = st->recv_left > 0 ? st->recv_left : 1;
+	w->ring = malloc(w->cap);
+	if (w->ring == NULL) {
+		free(w);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	w->p = p;
+	w->append = q->has_append && q->append;
+	w->exclusive = q->has_exclusive && q->exclusive;
+	w->parents = q->has_parents && q->parents;
+	w->in_place = w->append || (q->has_no_atomic && q->no_atomic);
+	w->has_mode = q->has_mode;
+	w->mode = (mode_t)q->mode;
+	w->fd = w->dfd = -1;
+	w->st = st;
+	w->work.run = wr_run;
+	w->work.done = wr_done;
+	st->ops = &wr_ops;
+	st->op_data = w;
+	wr_submit(w, WJ_OPEN);
+	return 0;
 }

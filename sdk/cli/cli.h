@@ -1,0 +1,130 @@
+/* cli.h: what the files of the sbx command-line client share: context, command table, errors, parsing, output. */
+#ifndef SBX_CLI_H
+#define SBX_CLI_H
+
+#include <getopt.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sbx.h"
+
+enum {
+	EXIT_OK = 0,
+	EXIT_FAIL = 1,    /* the operation failed */
+	EXIT_USAGE = 2,   /* bad command line */
+	EXIT_CONNECT = 3, /* cannot connect, handshake refused, protocol error */
+};
+
+struct command;
+
+/* What the global options said, and the subcommand being run. */
+struct ctx {
+	const char *target;
+	const char *token_file;
+	int timeout_ms; /* 0: the library's defaults */
+	int json;
+	int trace;
+	const struct command *cmd; /* the subcommand being run; NULL while in main */
+};
+
+/* One subcommand: fn gets argv starting at the command's name, with optind reset,
+ * and returns the exit status. */
+struct command {
+	const char *name;
+	int (*fn)(struct ctx *ctx, int argc, char **argv);
+	const char *usage;
+	const char *help;
+};
+
+/* Long options of a command that has none but --help. */
+extern const struct option help_only_opts[];
+
+/* ---- errors and usage (sbx.c) ---- */
+
+/* Print err on stderr ("sbx: ENOENT: /nope: No such file or directory") and return
+ * the exit status it calls for: EXIT_CONNECT for connect and protocol errors, else
+ * EXIT_FAIL. target is set when the failure happened while connecting. */
+int fail(const struct sbx_error *err, const char *target);
+/* Print "sbx: CMD: message", the command's usage and a hint; returns EXIT_USAGE. */
+__attribute__((format(printf, 2, 3))) int usage_error(const struct ctx *ctx, const char *fmt, ...);
+/* What getopt_long returned that the command does not handle itself (-h, ':', '?'):
+ * prints help or a usage error and returns the exit status. */
+int other_option(const struct ctx *ctx, char **argv, int opt);
+/* EXIT_OK if no argument is left after the options, else a usage error. */
+int no_more_args(const struct ctx *ctx, int argc, char **argv);
+/* EXIT_OK if exactly n operands are left after the options, else a usage error. */
+int want_operands(const struct ctx *ctx, int argc, char **argv, int n);
+
+/* ---- connecting (sbx.c) ---- */
+
+/* Connect as the global options say, retrying for wait_ms while the shim is not up.
+ * Returns EXIT_OK with *out set (close it with sbx_client_close()), or an exit status
+ * after printing why. */
+int open_client(const struct ctx *ctx, int wait_ms, struct sbx_client **out);
+
+/* ---- parsing (sbx.c); each returns 0, or -1 if s is malformed or out of range ---- */
+
+/* Seconds, possibly fractional, to milliseconds (rounded up). */
+int parse_seconds(const char *s, int *ms);
+/* Decimal bytes with an optional binary suffix: 4096, 64K, 1M, 2G, 1T (also 64KiB, 1MB). */
+int parse_size(const char *s, uint64_t *out);
+/* An octal mode, 0 to 07777 ("644", "0644", "4755"). */
+int parse_mode(const char *s, unsigned *out);
+/* A decimal number 0 to 4294967294: a uid or gid for chown ((uid_t)-1 means "unchanged"
+ * to chown(2)), a depth. */
+int parse_id(const char *s, int64_t *out);
+/* An RFC 3339 time: 2024-05-01T12:34:56Z, 2024-05-01T12:34:56.123456789+02:00 (T may be
+ * t or a space, Z may be z; years 0000-9999; seconds 00-59; fractions past 9 digits are
+ * cut off). */
+int parse_time(const char *s, struct sbx_timespec *out);
+
+/* ---- output (sbx.c) ---- */
+
+/* Length of the valid UTF-8 sequence of at most len bytes at p (2-4 bytes), else 0
+ * (also for ASCII). */
+size_t utf8_len(const unsigned char *p, size_t len);
+/* len bytes of s as a JSON string on stdout; bytes that are not valid UTF-8 come out
+ * as \u00XX (so a name that is not UTF-8 cannot be told from its Latin-1 reading). */
+void json_strn(const char *s, size_t len);
+void json_str(const char *s);
+/* One aligned "key:   value" line on stdout. */
+__attribute__((format(printf, 2, 3))) void kv(const char *key, const char *fmt, ...);
+
+/* ---- file commands (cmd_fs.c) ---- */
+
+int cmd_cat(struct ctx *ctx, int argc, char **argv);
+int cmd_put(struct ctx *ctx, int argc, char **argv);
+int cmd_stat(struct ctx *ctx, int argc, char **argv);
+int cmd_exists(struct ctx *ctx, int argc, char **argv);
+int cmd_ls(struct ctx *ctx, int argc, char **argv);
+int cmd_mkdir(struct ctx *ctx, int argc, char **argv);
+int cmd_rm(struct ctx *ctx, int argc, char **argv);
+int cmd_mv(struct ctx *ctx, int argc, char **argv);
+int cmd_cp(struct ctx *ctx, int argc, char **argv);
+int cmd_chmod(struct ctx *ctx, int argc, char **argv);
+int cmd_chown(struct ctx *ctx, int argc, char **argv);
+int cmd_ln(struct ctx *ctx, int argc, char **argv);
+int cmd_readlink(struct ctx *ctx, int argc, char **argv);
+int cmd_truncate(struct ctx *ctx, int argc, char **argv);
+int cmd_touch(struct ctx *ctx, int argc, char **argv);
+int cmd_realpath(struct ctx *ctx, int argc, char **argv);
+int cmd_df(struct ctx *ctx, int argc, char **argv);
+int cmd_watch(struct ctx *ctx, int argc, char **argv);
+
+/* ---- commands and processes (cmd_exec.c) ---- */
+
+int cmd_exec(struct ctx *ctx, int argc, char **argv);
+int cmd_sh(struct ctx *ctx, int argc, char **argv);
+int cmd_eval(struct ctx *ctx, int argc, char **argv);
+int cmd_ps(struct ctx *ctx, int argc, char **argv);
+int cmd_logs(struct ctx *ctx, int argc, char **argv);
+int cmd_kill(struct ctx *ctx, int argc, char **argv);
+int cmd_wait(struct ctx *ctx, int argc, char **argv);
+int cmd_rmproc(struct ctx *ctx, int argc, char **argv);
+
+/* ---- directory archives (cmd_backup.c) ---- */
+
+int cmd_backup(struct ctx *ctx, int argc, char **argv);
+int cmd_restore(struct ctx *ctx, int argc, char **argv);
+
+#endif
