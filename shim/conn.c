@@ -537,8 +537,11 @@ static int handle_request(struct conn *c, const struct frame_hdr *h, const uint8
 		return proto_error(c, EPROTO, "stream id %u reused", h->stream);
 	c->last_stream = h->stream;
 	struct shim_err e;
-	if (c->nstreams >= c->srv->cfg.max_streams) {
-		err_set(&e, EAGAIN, NULL, "too many streams in flight (limit %u)", c->srv->cfg.max_streams);
+	if (c->srv->shutting_down || c->nstreams >= c->srv->cfg.max_streams) {
+		if (c->srv->shutting_down)
+			err_set(&e, ECANCELED, NULL, "shim shutting down");
+		else
+			err_set(&e, EAGAIN, NULL, "too many streams in flight (limit %u)", c->srv->cfg.max_streams);
 		uint8_t buf[1600];
 		size_t n = disp_pack_error(&e, buf, sizeof(buf));
 		conn_send(c, h->stream, FRAME_ERROR, 0, buf, n);

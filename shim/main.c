@@ -2,6 +2,8 @@
 #include "conn.h"
 #include "frame.h"
 #include "fs.h"
+#include "init.h"
+#include "journal.h"
 #include "listen.h"
 #include "log.h"
 #include "server.h"
@@ -20,9 +22,12 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sandbox-shim [--stdio] [--listen ADDR]... [options]\n"
+	fprintf(f, "usage: sandbox-shim [--stdio] [--listen ADDR]... [options] [-- CMD [ARG]...]\n"
 		   "\n"
-		   "Serves shim protocol v1 inside a sandbox.\n"
+		   "Serves shim protocol v1 inside a sandbox. With -- CMD it also supervises CMD as\n"
+		   "its workload, as an init does: signals forwarded, orphans reaped, and the daemon\n"
+		   "exits with CMD's status when it ends (128+N for signal N; 127 not found, 126\n"
+		   "not executable). Transports are optional then.\n"
 		   "\n"
 		   "transports:\n"
 		   "  --stdio                  one client on stdin/stdout; exit when it closes\n"
@@ -44,6 +49,13 @@ static void usage(FILE *f)
 		   "  --workers N              worker threads kept ready (default 1; grows to 64 under load)\n"
 		   "  --keepalive SECONDS      ping silent clients after this long; 0 = off (default 60)\n"
 		   "  --shutdown-timeout SECONDS  time to finish work on SIGTERM (default 10)\n"
+		   "  --kill-grace SECONDS     shutdown: SIGTERM to every child, SIGKILL after this (default 5)\n"
+		   "\n"
+		   "files:\n"
+		   "  --root DIR               every file path resolves beneath DIR (symlinks and ..\n"
+		   "                           cannot leave it)\n"
+		   "  --state-dir DIR          private runtime state (default /run/sandbox-shim as root,\n"
+		   "                           else $XDG_RUNTIME_DIR/sandbox-shim or /tmp/sandbox-shim-UID)\n"
 		   "\n"
 		   "  --log-level LEVEL        error, warn, info (default) or debug\n"
 		   "  --version, --help\n");
@@ -67,6 +79,7 @@ enum {
 	OPT_VERSION,
 	OPT_ROOT,
 	OPT_STATE_DIR,
+	OPT_KILL_GRACE,
 };
 
 static const struct option options[] = {
@@ -83,6 +96,7 @@ static const struct option options[] = {
 	{"workers", required_argument, NULL, OPT_WORKERS},
 	{"keepalive", required_argument, NULL, OPT_KEEPALIVE},
 	{"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
+	{"kill-grace", required_argument, NULL, OPT_KILL_GRACE},
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
 	{"root", required_argument, NULL, OPT_ROOT},
 	{"state-dir", required_argument, NULL, OPT_STATE_DIR},
@@ -192,7 +206,9 @@ int main(int argc, char **argv)
 	const char *token_file = NULL;
 	int opt;
 
-	while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+	/* '+': options end at the first non-option, so a workload's own options after
+	 * "--" are never taken for ours (and "CMD" without "--" is an error) */
+	while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
 		switch (opt) {
 		case OPT_STDIO:
 			use_stdio = true;
@@ -249,6 +265,9 @@ int main(int argc, char **argv)
 		case OPT_SHUTDOWN_TIMEOUT:
 			s.cfg.shutdown_timeout = parse_seconds(optarg, "--shutdown-timeout");
 			break;
+		case OPT_KILL_GRACE:
+			s.cfg.kill_grace = parse_seconds(optarg, "--kill-grace");
+			break;
 		case OPT_LOG_LEVEL: {
 			int l = log_parse_level(optarg);
 			if (l < 0)
@@ -275,10 +294,16 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (optind < argc)
-		die_usage("unexpected argument '%s'", argv[optind]);
-	if (!use_stdio && n_listens == 0)
-		die_usage("nothing to serve: give --stdio or --listen ADDR");
+	char **workload = NULL;
+	if (optind > 1 && strcmp(argv[optind - 1], "--") == 0) {
+		if (optind == argc)
+			die_usage("nothing after '--': give the workload's command");
+		workload = &argv[optind];
+	} else if (optind < argc) {
+		die_usage("unexpected argument '%s' (a workload goes after '--')", argv[optind]);
+	}
+	if (!use_stdio && n_listens == 0 && workload == NULL)
+		die_usage("nothing to serve: give --stdio or --listen ADDR (or a workload after '--')");
 	if (token_file != NULL && read_token(token_file, &s.cfg) < 0)
 		return 1;
 	struct shim_err serr;
@@ -288,6 +313,8 @@ int main(int argc, char **argv)
 	}
 	if (state_dir_init(&s.cfg) < 0)
 		return 1;
+	if (journal_init(s.cfg.state_dir) < 0)
+		return 1;
 
 	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
 	if (loop == NULL) {
@@ -296,6 +323,12 @@ int main(int argc, char **argv)
 	}
 	if (server_init(&s, loop) < 0)
 		return 1;
+	struct shim_err ierr;
+	if (init_setup(&s, &ierr) < 0) {
+		fprintf(stderr, "sandbox-shim: %s: %s\n", ierr.msg, strerror(ierr.code));
+		server_free(&s);
+		return 1;
+	}
 	for (unsigned i = 0; i < n_listens; i++) {
 		struct shim_err err;
 		struct listener *l = listener_open(&s, listens[i], &err);
@@ -315,8 +348,19 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	if (workload != NULL) {
+		/* after the transports: with --stdio the channel has left fds 0 and 1 */
+		int rc = init_start_workload(&s, workload, &ierr);
+		if (rc != 0) {
+			fprintf(stderr, "sandbox-shim: %s: %s\n", ierr.msg, strerror(ierr.code));
+			server_free(&s);
+			return rc < 0 ? 1 : rc;
+		}
+	}
 	log_info("sandbox-shim %s ready (pid %d%s)", SHIM_VERSION, (int)s.pid, s.pid1 ? ", PID 1" : "");
 	ev_run(loop, 0);
+	/* every child is gone now: unmount what was mounted, and such */
+	init_shutdown_hooks();
 	server_free(&s);
 	log_info("exit");
 	return s.exit_code;

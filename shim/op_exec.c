@@ -1,55 +1,306 @@
-/* op_exec.c: exec (foreground and detached), signal, ps, attach, wait, rmproc, resize. */
+/* op_exec.c: the exec request (foreground and detached): prepare on a worker, fork on the loop, stream the I/O.
+ *
+ * A foreground exec stream carries: EVENT started {id, pid} once execve() has
+ * succeeded (or ERROR with the real errno if the command cannot be started: never
+ * an exit code), then the output as DATA (stderr flagged STDERR; with a pty
+ * everything is stdout), then one empty DATA FIN once both pipes are closed, then
+ * END ExitStatus. Client DATA is the command's stdin; the client's FIN closes it
+ * (with a pty: the terminal's EOF character is written instead). CANCEL or a lost
+ * connection SIGKILLs the whole process group.
+ *
+ * A detached exec ends with END ProcessInfo as soon as execve() has succeeded; the
+ * process then outlives the connection, its output goes into ring buffers (see
+ * op_proc.c for attach, wait, signal, ps, rmproc and resize). */
 #include "conn.h"
+#include "frame.h"
+#include "log.h"
 #include "ops.h"
 #include "proc.h"
+#include "server.h"
+#include "spawn.h"
+#include "util.h"
+#include "worker.h"
 
 #include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+struct exec_job {
+	struct work work;
+	struct proc *p;
+	Shim__V1__ExecRequest *req; /* our own copy: the dispatcher frees its one */
+	struct spawn_plan plan;
+	int rc;
+	struct shim_err err;
+};
+
+/* ---- messages ---- */
+
+void proc_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
+{
+	shim__v1__exit_status__init(ex);
+	ex->id = (char *)p->id;
+	ex->pid = (uint32_t)p->pid;
+	int st = p->status;
+	ex->has_signal = ex->has_core_dumped = ex->has_timed_out = 1;
+	if (WIFSIGNALED(st)) {
+		ex->exit_code = -1;
+		ex->signal = WTERMSIG(st);
+		ex->core_dumped = WCOREDUMP(st) != 0;
+	} else {
+		ex->exit_code = WEXITSTATUS(st);
+	}
+	ex->duration_ns = p->end_ns > p->start_ns ? p->end_ns - p->start_ns : 0;
+	ex->timed_out = p->timed_out;
+	ex->has_stdout_truncated = ex->has_stderr_truncated = 1;
+	ex->stdout_truncated = p->out[0].truncated;
+	ex->stderr_truncated = p->out[1].truncated;
+}
+
+int proc_fill_info(const struct proc *p, struct proc_info_buf *b, size_t argv_max)
+{
+	shim__v1__process_info__init(&b->info);
+	shim__v1__timestamp__init(&b->started_at);
+	b->argv = NULL;
+	b->info.id = (char *)p->id;
+	b->info.pid = (uint32_t)p->pid;
+	b->info.state = p->state == PROC_EXITED ? SHIM__V1__PROCESS_STATE__PROCESS_EXITED :
+						  SHIM__V1__PROCESS_STATE__PROCESS_RUNNING;
+	b->started_at.sec = p->started_at.tv_sec;
+	b->started_at.nsec = (uint32_t)p->started_at.tv_nsec;
+	b->info.started_at = &b->started_at;
+	b->info.has_detached = b->info.has_pty = 1;
+	b->info.detached = p->detached;
+	b->info.pty = p->pty;
+	if (p->state == PROC_EXITED) {
+		proc_fill_exit(p, &b->exit);
+		b->info.exit = &b->exit;
+	}
+	if (p->argc > 0 && argv_max > 0 && p->argv != NULL) {
+		b->argv = calloc(p->argc, sizeof(*b->argv));
+		if (b->argv == NULL)
+			return -1;
+		size_t off = 0, used = 0, n = 0;
+		for (unsigned i = 0; i < p->argc && off < p->argv_len && used < argv_max; i++) {
+			size_t l = strlen(p->argv + off);
+			size_t take = l < argv_max - used ? l : argv_max - used;
+			b->argv[n].data = (uint8_t *)p->argv + off;
+			b->argv[n].len = take;
+			n++;
+			used += take;
+			off += l + 1;
+		}
+		b->info.n_argv = n;
+		b->info.argv = b->argv;
+	}
+	return 0;
+}
+
+void proc_info_buf_free(struct proc_info_buf *b)
+{
+	free(b->argv);
+	b->argv = NULL;
+}
+
+static void send_event_started(struct stream *st, const struct proc *p)
+{
+	Shim__V1__ProcessStarted ps = SHIM__V1__PROCESS_STARTED__INIT;
+	ps.id = (char *)p->id;
+	ps.pid = (uint32_t)p->pid;
+	Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
+	ev.kind_case = SHIM__V1__EVENT__KIND_STARTED;
+	ev.started = &ps;
+	uint8_t buf[128];
+	size_t n = shim__v1__event__get_packed_size(&ev);
+	if (n > sizeof(buf))
+		return; /* cannot happen: id <= 63 bytes */
+	shim__v1__event__pack(&ev, buf);
+	conn_send(st->conn, st->id, FRAME_EVENT, 0, buf, n);
+}
+
+void exec_send_started(struct stream *st, const struct proc *p)
+{
+	send_event_started(st, p);
+}
+
+/* ---- hooks called by proc.c ---- */
+
+/* The exec stream leaves the process: it no longer writes stdin. */
+static struct stream *take_fg(struct proc *p)
+{
+	struct stream *st = p->fg;
+	p->fg = NULL;
+	proc_stdin_release(p, st);
+	return st;
+}
+
+void exec_started(struct proc *p)
+{
+	if (p->fg == NULL)
+		return;
+	log_debug("process %s: pid %d runs %s", p->id, (int)p->pid, p->exec_path);
+	if (!p->detached) {
+		send_event_started(p->fg, p);
+		return;
+	}
+	struct stream *st = take_fg(p);
+	struct proc_info_buf b;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_PROCESS;
+	if (proc_fill_info(p, &b, PROC_ARGV_KEEP) < 0) {
+		struct shim_err e;
+		err_set(&e, ENOMEM, NULL, "out of memory");
+		stream_fail(st, &e);
+	} else {
+		res.process = &b.info;
+		op_end(st, &res);
+	}
+	proc_info_buf_free(&b);
+	proc_unref(p); /* the stream's */
+}
+
+void exec_failed(struct proc *p, const struct shim_err *err)
+{
+	if (p->fg == NULL)
+		return;
+	struct stream *st = take_fg(p);
+	stream_fail(st, err);
+	proc_unref(p);
+}
+
+void exec_finished(struct proc *p)
+{
+	struct stream *st = take_fg(p);
+	stream_send_data(st, NULL, 0, true);
+	Shim__V1__ExitStatus ex;
+	proc_fill_exit(p, &ex);
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
+	res.exit = &ex;
+	op_end(st, &res);
+	proc_unref(p);
+}
+
+/* ---- the exec stream ---- */
+
+static int exec_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	struct proc *p = st->op_data;
+	if (p->detached || !p->has_stdin) {
+		if (len == 0)
+			return 0; /* a bare FIN: nothing to close */
+		return err_set(err, EINVAL, NULL, "stdin was not requested for this command");
+	}
+	return proc_stdin_data(p, st, buf, len, fin, err);
+}
+
+static void exec_writable(struct stream *st)
+{
+	proc_fg_writable(st->op_data);
+}
+
+static void exec_cancel(struct stream *st)
+{
+	struct proc *p = st->op_data;
+	if (p->fg != st)
+		return;
+	log_debug("process %s: exec stream cancelled: SIGKILL to the group", p->id);
+	proc_stdin_release(p, st);
+	proc_abandon(p);
+	proc_unref(p);
+}
+
+static const struct stream_ops exec_ops = {.data = exec_data, .writable = exec_writable, .cancel = exec_cancel};
+
+/* ---- preparing (worker) and forking (loop) ---- */
+
+static void exec_run(struct work *w)
+{
+	struct exec_job *j = container_of(w, struct exec_job, work);
+	j->rc = spawn_prepare(j->req, &j->plan, &j->err);
+}
+
+static void exec_done(struct work *w)
+{
+	struct exec_job *j = container_of(w, struct exec_job, work);
+	struct proc *p = j->p;
+	if (p->fg == NULL) {
+		/* the stream went away while we prepared */
+		if (p->state == PROC_STARTING)
+			proc_start_failed(p);
+	} else {
+		pid_t pid = -1;
+		if (j->rc == 0)
+			pid = spawn_fork(&j->plan, &j->err);
+		if (pid < 0) {
+			exec_failed(p, &j->err);
+			proc_start_failed(p);
+		} else {
+			proc_spawned(p, pid, &j->plan);
+		}
+	}
+	spawn_plan_free(&j->plan);
+	shim__v1__exec_request__free_unpacked(j->req, NULL);
+	proc_unref(p); /* the job's */
+	free(j);
+}
+
+/* A copy of the request that lives as long as the job. */
+static Shim__V1__ExecRequest *copy_request(const Shim__V1__ExecRequest *er)
+{
+	size_t n = shim__v1__exec_request__get_packed_size(er);
+	uint8_t *buf = malloc(n ? n : 1);
+	if (buf == NULL)
+		return NULL;
+	shim__v1__exec_request__pack(er, buf);
+	Shim__V1__ExecRequest *c = shim__v1__exec_request__unpack(NULL, n, buf);
+	free(buf);
+	return c;
+}
 
 int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "exec: not implemented yet");
-}
+	const Shim__V1__ExecRequest *er = req->exec;
+	if (er->n_argv > 0 && er->has_shell)
+		return err_set(err, EINVAL, NULL, "give argv or shell, not both");
+	if (er->n_argv == 0 && !er->has_shell)
+		return err_set(err, EINVAL, NULL, "no command: argv and shell are both empty");
+	if (er->has_ring_bytes && er->ring_bytes > PROC_RING_MAX)
+		return err_set(err, EINVAL, NULL, "ring_bytes %llu over the limit of %u",
+			       (unsigned long long)er->ring_bytes, PROC_RING_MAX);
+	const char *name = er->name != NULL && er->name[0] != '\0' ? er->name : NULL;
+	struct exec_job *j = calloc(1, sizeof(*j));
+	if (j == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	j->req = copy_request(er);
+	if (j->req == NULL) {
+		free(j);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	struct proc *p = proc_create(name, er->detach, err);
+	if (p == NULL) {
+		shim__v1__exec_request__free_unpacked(j->req, NULL);
+		free(j);
+		return -1;
+	}
+	p->output_cap = er->detach ? 0 : er->output_cap;
+	p->timeout_ms = er->timeout_ms;
+	p->grace_ms = er->has_kill_grace_ms ? er->kill_grace_ms : PROC_GRACE_DEFAULT_MS;
+	p->ring_bytes = er->has_ring_bytes && er->ring_bytes > 0 ? (size_t)er->ring_bytes : PROC_RING_DEFAULT;
+	p->has_stdin = er->stdin || er->pty;
+	p->fg = st;
+	proc_ref(p); /* the stream's */
+	if (!er->detach && p->has_stdin)
+		p->in_owner = st;
+	st->ops = &exec_ops;
+	st->op_data = p;
 
-int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "signal: not implemented yet");
-}
-
-int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "ps: not implemented yet");
-}
-
-int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "attach: not implemented yet");
-}
-
-int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "wait: not implemented yet");
-}
-
-int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "rmproc: not implemented yet");
-}
-
-int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)st;
-	(void)req;
-	return err_set(err, ENOSYS, NULL, "resize: not implemented yet");
+	spawn_plan_init(&j->plan);
+	j->p = p;
+	proc_ref(p); /* the job's */
+	j->work.run = exec_run;
+	j->work.done = exec_done;
+	worker_submit(&j->work);
+	return 0;
 }

@@ -2,6 +2,7 @@
 #include "conn.h"
 #include "log.h"
 #include "ops.h"
+#include "proc.h"
 #include "server.h"
 #include "util.h"
 #include "worker.h"
@@ -71,7 +72,7 @@ static void info_done(struct work *w)
 		r.has_connections = r.has_streams = r.has_processes = r.has_mounts = 1;
 		r.connections = s->n_conns;
 		r.streams = s->n_streams;
-		r.processes = 0;
+		r.processes = proc_running();
 		r.mounts = 0;
 		r.has_rss_bytes = j->rss != 0;
 		r.rss_bytes = j->rss;

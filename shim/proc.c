@@ -1,12 +1,821 @@
-/* proc.c: the table of processes the shim started. */
+/* proc.c: the table of processes the shim started, and each one's life: exec result, output, stdin, timers, exit.
+ *
+ * A process is owned by references: the table (while its id is listed), its pid
+ * (from fork until it is reaped and the exec result is known), the exec stream,
+ * and each attached stream. Everything runs on the loop thread.
+ *
+ * Life of a process:
+ *   STARTING  created by the exec request (id taken, invisible to lookups), then
+ *             prepared on a worker and forked; the exec error pipe says how exec went
+ *   RUNNING   exec succeeded (pipe EOF): EVENT started / END ProcessInfo; output flows
+ *   EXITED    reaped (and the exec result known): waiters answered, then the output
+ *             is drained until both pipes reach EOF, or PROC_LINGER_MS after the exit
+ *             when descendants keep them open (`sleep 100 &` inherits stdout): our
+ *             ends are then closed and the stream ends. A foreground process leaves
+ *             the table at its exit; a detached one stays until removed or until
+ *             PROC_MAX_EXITED newer ones have exited.
+ *   FAILED    never started (the exec stream got the error); not listed */
 #include "proc.h"
+#include "conn.h"
+#include "frame.h"
+#include "log.h"
+#include "reaper.h"
+#include "server.h"
+#include "spawn.h"
+#include "util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PROC_BUCKETS 256
+
+static struct {
+	struct proc *buckets[PROC_BUCKETS];
+	struct proc *head, *tail; /* listed, creation order */
+	struct proc *live;        /* forked, not reaped */
+	unsigned n_active;        /* STARTING or RUNNING */
+	unsigned n_exited;        /* listed and EXITED */
+	unsigned n_live;
+	unsigned long long next_id;
+	uint64_t exit_seq;
+} tab;
+
+/* Output is read through this buffer (loop thread only). */
+static uint8_t rbuf[FRAME_DATA_CHUNK];
+
+static struct ev_loop *loop_(void)
+{
+	return srv->loop;
+}
+
+static unsigned hash_id(const char *id)
+{
+	uint32_t h = 2166136261u;
+	for (; *id; id++)
+		h = (h ^ (uint8_t)*id) * 16777619u;
+	return h % PROC_BUCKETS;
+}
+
+static struct proc *find_listed(const char *id)
+{
+	for (struct proc *p = tab.buckets[hash_id(id)]; p != NULL; p = p->hnext)
+		if (strcmp(p->id, id) == 0)
+			return p;
+	return NULL;
+}
+
+bool proc_id_valid(const char *id)
+{
+	size_t n = strlen(id);
+	if (n == 0 || n > PROC_ID_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+		      c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+static void set_state(struct proc *p, enum proc_state s)
+{
+	bool was_active = p->state == PROC_STARTING || p->state == PROC_RUNNING;
+	bool active = s == PROC_STARTING || s == PROC_RUNNING;
+	if (was_active && !active)
+		tab.n_active--;
+	if (p->listed && p->state != PROC_EXITED && s == PROC_EXITED)
+		tab.n_exited++;
+	p->state = s;
+}
+
+static void timeout_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void grace_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void chan_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void stdin_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void chan_read(struct proc_chan *c, int rounds);
+
+/* Reads of FRAME_DATA_CHUNK per channel: per readable event, and as a last drain
+ * before the output is cut (more than a pipe holds). */
+#define READ_ROUNDS 4
+#define LINGER_DRAIN_ROUNDS 32
+
+struct proc *proc_create(const char *name, bool detached, struct shim_err *err)
+{
+	if (tab.n_active >= PROC_MAX_ACTIVE) {
+		err_set(err, EAGAIN, NULL, "too many processes (limit %d)", PROC_MAX_ACTIVE);
+		return NULL;
+	}
+	char gen[PROC_ID_MAX + 1];
+	if (name != NULL) {
+		if (!proc_id_valid(name)) {
+			err_set(err, EINVAL, name, "bad process name (1 to %d of A-Z a-z 0-9 . _ -)", PROC_ID_MAX);
+			return NULL;
+		}
+		if (find_listed(name) != NULL) {
+			err_set(err, EEXIST, name, "a process with this id exists");
+			return NULL;
+		}
+	} else {
+		do
+			snprintf(gen, sizeof(gen), "p%llu", ++tab.next_id);
+		while (find_listed(gen) != NULL);
+		name = gen;
+	}
+	struct proc *p = calloc(1, sizeof(*p));
+	if (p == NULL) {
+		err_set(err, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	snprintf(p->id, sizeof(p->id), "%s", name);
+	p->detached = detached;
+	p->refs = 1; /* the table's */
+	p->state = PROC_STARTING;
+	p->errfd = p->in_fd = -1;
+	for (int i = 0; i < 2; i++) {
+		p->out[i].p = p;
+		p->out[i].idx = i;
+		p->out[i].fd = -1;
+		ev_init(&p->out[i].io, chan_cb);
+	}
+	ev_init(&p->errio, errpipe_cb);
+	ev_init(&p->in_io, stdin_cb);
+	ev_init(&p->timeout, timeout_cb);
+	ev_init(&p->grace, grace_cb);
+	ev_init(&p->linger, linger_cb);
+	tab.n_active++;
+	unsigned b = hash_id(p->id);
+	p->hnext = tab.buckets[b];
+	tab.buckets[b] = p;
+	p->prev = tab.tail;
+	if (tab.tail != NULL)
+		tab.tail->next = p;
+	else
+		tab.head = p;
+	tab.tail = p;
+	p->listed = true;
+	return p;
+}
+
+void proc_start_failed(struct proc *p)
+{
+	set_state(p, PROC_FAILED);
+	proc_unlist(p);
+}
+
+struct proc *proc_lookup(const char *id)
+{
+	struct proc *p = find_listed(id);
+	if (p == NULL || p->state == PROC_STARTING || p->state == PROC_FAILED)
+		return NULL;
+	return p;
+}
+
+struct proc *proc_first(void)
+{
+	return tab.head;
+}
+
+struct proc *proc_next(const struct proc *p)
+{
+	return p->next;
+}
+
+void proc_ref(struct proc *p)
+{
+	p->refs++;
+}
+
+static void chan_close(struct proc_chan *c)
+{
+	if (c->fd < 0)
+		return;
+	ev_io_stop(loop_(), &c->io);
+	close(c->fd);
+	c->fd = -1;
+}
+
+static void stdin_close(struct proc *p)
+{
+	ev_io_stop(loop_(), &p->in_io);
+	if (p->in_fd >= 0)
+		close(p->in_fd);
+	p->in_fd = -1;
+	/* bytes that will never be written: give the writer its credit back so that
+	 * it does not stall (what it sends from now on is dropped, see stdin_data) */
+	if (p->in_len > 0 && p->in_owner != NULL)
+		stream_grant(p->in_owner, (uint32_t)p->in_len);
+	p->in_len = 0;
+}
+
+static void proc_free(struct proc *p)
+{
+	struct ev_loop *loop = loop_();
+	ev_io_stop(loop, &p->errio);
+	if (p->errfd >= 0)
+		close(p->errfd);
+	for (int i = 0; i < 2; i++) {
+		chan_close(&p->out[i]);
+		ring_free(&p->out[i].ring);
+	}
+	p->in_owner = NULL;
+	stdin_close(p);
+	ev_timer_stop(loop, &p->timeout);
+	ev_timer_stop(loop, &p->grace);
+	ev_timer_stop(loop, &p->linger);
+	if (p->state == PROC_STARTING || p->state == PROC_RUNNING)
+		tab.n_active--;
+	free(p->in_buf);
+	free(p->argv);
+	free(p->exec_path);
+	free(p->cwd);
+	free(p);
+}
+
+void proc_unref(struct proc *p)
+{
+	if (--p->refs == 0)
+		proc_free(p);
+}
+
+void proc_unlist(struct proc *p)
+{
+	if (!p->listed)
+		return;
+	struct proc **pp = &tab.buckets[hash_id(p->id)];
+	while (*pp != p)
+		pp = &(*pp)->hnext;
+	*pp = p->hnext;
+	if (p->prev != NULL)
+		p->prev->next = p->next;
+	else
+		tab.head = p->next;
+	if (p->next != NULL)
+		p->next->prev = p->prev;
+	else
+		tab.tail = p->prev;
+	p->prev = p->next = p->hnext = NULL;
+	p->listed = false;
+	if (p->state == PROC_EXITED)
+		tab.n_exited--;
+	proc_unref(p);
+}
+
+/* ---- signals ---- */
+
+int proc_kill(struct proc *p, int sig, bool only_leader)
+{
+	if (!p->live) {
+		errno = ESRCH;
+		return -1;
+	}
+	if (only_leader)
+		return kill(p->pid, sig);
+	if (kill(-p->pid, sig) == 0)
+		return 0;
+	/* No such group yet: the child has not reached setsid(). It is still our
+	 * unreaped child, so its pid cannot have been reused. */
+	if (errno == ESRCH)
+		return kill(p->pid, sig);
+	return -1;
+}
+
+/* The group, also after the leader was reaped (members may remain, and while they
+ * do the group id cannot be reused). Only until the process is done. */
+static void signal_group(struct proc *p, int sig)
+{
+	if (p->live)
+		proc_kill(p, sig, false);
+	else if (p->pid > 0 && !p->done)
+		kill(-p->pid, sig);
+}
+
+static void timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	struct proc *p = container_of(w, struct proc, timeout);
+	p->timed_out = true;
+	log_debug("process %s: timeout after %u ms: SIGTERM", p->id, p->timeout_ms);
+	signal_group(p, SIGTERM);
+	if (p->grace_ms == 0) {
+		signal_group(p, SIGKILL);
+		return;
+	}
+	ev_timer_set(&p->grace, p->grace_ms / 1000.0, 0.);
+	ev_timer_start(loop, &p->grace);
+}
+
+static void grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct proc *p = container_of(w, struct proc, grace);
+	log_debug("process %s: grace period over: SIGKILL", p->id);
+	signal_group(p, SIGKILL);
+}
+
+/* ---- the end ---- */
+
+/* Reaped and both output channels closed: the process is done. */
+static void check_done(struct proc *p)
+{
+	if (p->done || p->state != PROC_EXITED)
+		return;
+	if (p->out[0].fd >= 0 || p->out[1].fd >= 0) {
+		if (!ev_is_active(&p->linger)) {
+			ev_now_update(loop_());
+			ev_timer_set(&p->linger, PROC_LINGER_MS / 1000.0, 0.);
+			ev_timer_start(loop_(), &p->linger);
+		}
+		return;
+	}
+	ev_timer_stop(loop_(), &p->linger);
+	if (ev_is_active(&p->grace)) {
+		/* timed out, the leader is gone, and what is left of its group still
+		 * had its grace period running: it ends with the stream */
+		kill(-p->pid, SIGKILL);
+		ev_timer_stop(loop_(), &p->grace);
+	}
+	p->done = true;
+	stdin_close(p);
+	if (p->fg != NULL)
+		exec_finished(p);
+	attach_notify(p);
+}
+
+static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	struct proc *p = container_of(w, struct proc, linger);
+	/* A client that has not taken what is queued yet is not cut off: the wait
+	 * is for descendants that hold the pipes, not for the client. */
+	if (p->fg != NULL && p->fg_blocked) {
+		ev_timer_set(w, PROC_LINGER_MS / 1000.0, 0.);
+		ev_timer_start(loop, w);
+		return;
+	}
+	proc_ref(p);
+	/* What is in the pipes now is the command's own last output: take it before
+	 * cutting (a busy loop may run this timer before the pipes' read events). */
+	for (int i = 0; i < 2; i++)
+		if (p->out[i].fd >= 0)
+			chan_read(&p->out[i], LINGER_DRAIN_ROUNDS);
+	if (!p->done) {
+		if (p->fg != NULL && p->fg_blocked) {
+			ev_timer_set(w, PROC_LINGER_MS / 1000.0, 0.);
+			ev_timer_start(loop, w);
+		} else {
+			log_debug("process %s: output still open %d ms after the exit: closing it", p->id,
+				  PROC_LINGER_MS);
+			chan_close(&p->out[0]);
+			chan_close(&p->out[1]);
+			check_done(p);
+		}
+	}
+	proc_unref(p);
+}
+
+/* Drop the pid's reference once the process is reaped and its exec result known. */
+static void release_pid(struct proc *p)
+{
+	if (p->reaped && p->state != PROC_STARTING && !p->pid_released) {
+		p->pid_released = true;
+		proc_unref(p);
+	}
+}
+
+/* Keep at most PROC_MAX_EXITED exited processes: the one that exited first goes. */
+static void evict_exited(void)
+{
+	while (tab.n_exited > PROC_MAX_EXITED) {
+		struct proc *q = NULL;
+		for (struct proc *r = tab.head; r != NULL; r = r->next)
+			if (r->state == PROC_EXITED && (q == NULL || r->exit_seq < q->exit_seq))
+				q = r;
+		if (q == NULL)
+			return;
+		log_debug("process %s: dropped from the table (more than %d exited)", q->id, PROC_MAX_EXITED);
+		proc_unlist(q);
+	}
+}
+
+/* Reaped, and exec had succeeded. */
+static void on_exit_(struct proc *p)
+{
+	ev_timer_stop(loop_(), &p->timeout);
+	p->exit_seq = ++tab.exit_seq;
+	set_state(p, PROC_EXITED);
+	while (p->waiters != NULL) {
+		struct proc_waiter *w = p->waiters;
+		p->waiters = w->next;
+		w->next = NULL;
+		waiter_notify(w);
+	}
+	if (!p->detached)
+		proc_unlist(p); /* foreground: in ps only while running */
+	else
+		evict_exited();
+	attach_notify(p);
+	check_done(p);
+}
+
+static void reaped_cb(void *ud, pid_t pid, int status)
+{
+	struct proc *p = ud;
+	(void)pid;
+	proc_ref(p);
+	p->reaped = true;
+	p->live = false;
+	p->status = status;
+	p->end_ns = mono_ns();
+	if (p->lprev != NULL)
+		p->lprev->lnext = p->lnext;
+	else
+		tab.live = p->lnext;
+	if (p->lnext != NULL)
+		p->lnext->lprev = p->lprev;
+	p->lprev = p->lnext = NULL;
+	tab.n_live--;
+	log_debug("process %s: pid %d reaped (status 0x%x)", p->id, (int)p->pid, (unsigned)status);
+	/* STARTING: exec's result is not read yet; errpipe_cb goes on from here */
+	if (p->state == PROC_RUNNING)
+		on_exit_(p);
+	release_pid(p);
+	proc_unref(p);
+}
+
+/* ---- exec result ---- */
+
+static void start_io(struct proc *p)
+{
+	p->io_started = true;
+	for (int i = 0; i < 2; i++) {
+		struct proc_chan *c = &p->out[i];
+		if (c->fd < 0)
+			continue;
+		if (!p->detached && p->fg == NULL) {
+			chan_close(c); /* nobody to send it to */
+			continue;
+		}
+		ev_io_set(&c->io, c->fd, EV_READ);
+		ev_io_start(loop_(), &c->io);
+	}
+	if (p->in_fd >= 0) {
+		ev_io_set(&p->in_io, p->in_fd, EV_WRITE);
+		if (p->in_len > 0 || p->in_fin)
+			ev_io_start(loop_(), &p->in_io);
+	}
+}
+
+static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	struct proc *p = container_of(w, struct proc, errio);
+	struct spawn_failure f;
+	ssize_t n = read(p->errfd, &f, sizeof(f));
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	ev_io_stop(loop, w);
+	close(p->errfd);
+	p->errfd = -1;
+	proc_ref(p);
+	if (n == (ssize_t)sizeof(f)) {
+		struct shim_err e;
+		spawn_failure_err(&f, p->exec_path, p->cwd, &e);
+		log_debug("process %s: could not start: %s: %s", p->id, e.msg, strerror(e.code));
+		set_state(p, PROC_FAILED);
+		exec_failed(p, &e);
+		chan_close(&p->out[0]);
+		chan_close(&p->out[1]);
+		p->in_owner = NULL;
+		stdin_close(p);
+		proc_unlist(p);
+	} else {
+		/* EOF: execve() closed the pipe (CLOEXEC): it runs */
+		set_state(p, PROC_RUNNING);
+		exec_started(p);
+		start_io(p);
+		if (p->timeout_ms > 0 && !p->reaped) {
+			ev_now_update(loop); /* the timeout counts from now, not from the loop's wakeup */
+			ev_timer_set(&p->timeout, p->timeout_ms / 1000.0, 0.);
+			ev_timer_start(loop, &p->timeout);
+		}
+		if (p->reaped)
+			on_exit_(p);
+	}
+	release_pid(p);
+	proc_unref(p);
+}
+
+void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl)
+{
+	p->pid = pid;
+	p->live = true;
+	p->refs++; /* the pid's */
+	p->start_ns = mono_ns();
+	clock_gettime(CLOCK_REALTIME, &p->started_at);
+	p->lnext = tab.live;
+	if (tab.live != NULL)
+		tab.live->lprev = p;
+	tab.live = p;
+	tab.n_live++;
+	if (reaper_watch(pid, reaped_cb, p) < 0) {
+		/* cannot happen short of memory; then the exit would never be seen */
+		log_error("process %s: cannot watch pid %d: %s", p->id, (int)pid, strerror(errno));
+	}
+	p->errfd = steal_fd(pl->errp_r);
+	p->out[0].fd = steal_fd(pl->out_fd);
+	p->out[1].fd = steal_fd(pl->err_fd);
+	p->in_fd = steal_fd(pl->in_fd);
+	p->has_stdin = p->in_fd >= 0;
+	p->pty = pl->pty;
+	p->veof = pl->veof;
+	p->exec_path = steal_ptr(pl->path);
+	p->cwd = steal_ptr(pl->cwd);
+	if (p->detached)
+		for (int i = 0; i < 2; i++)
+			ring_init(&p->out[i].ring, p->ring_bytes);
+	/* argv for ps, bounded */
+	size_t total = 0;
+	for (size_t i = 0; i < pl->argc; i++)
+		total += strlen(pl->argv[i]) + 1;
+	if (total > PROC_ARGV_KEEP)
+		total = PROC_ARGV_KEEP;
+	p->argv = malloc(total ? total : 1);
+	if (p->argv != NULL) {
+		size_t off = 0;
+		for (size_t i = 0; i < pl->argc && off < total; i++) {
+			size_t l = strlen(pl->argv[i]);
+			if (l > total - off - 1)
+				l = total - off - 1;
+			memcpy(p->argv + off, pl->argv[i], l);
+			p->argv[off + l] = '\0';
+			off += l + 1;
+			p->argc++;
+		}
+		p->argv_len = off;
+	}
+	ev_io_set(&p->errio, p->errfd, EV_READ);
+	ev_io_start(loop_(), &p->errio);
+	/* After a vfork the child has exec'd or failed already: the answer is usually
+	 * there now (or as soon as execve() closes the CLOEXEC fds). */
+	if (pl->vfork)
+		errpipe_cb(loop_(), &p->errio, EV_READ);
+}
+
+void proc_abandon(struct proc *p)
+{
+	p->fg = NULL;
+	if (p->live)
+		proc_kill(p, SIGKILL, false);
+	if (p->state == PROC_STARTING)
+		proc_unlist(p); /* the client never learned about it */
+	chan_close(&p->out[0]);
+	chan_close(&p->out[1]);
+	proc_stdin_release(p, p->in_owner);
+	stdin_close(p);
+	ev_timer_stop(loop_(), &p->timeout);
+	check_done(p);
+}
+
+/* ---- output ---- */
+
+/* DATA with the STDERR flag for stderr (stream_send_data has no flags). */
+static void send_out(struct stream *st, const void *buf, size_t len, bool is_stderr)
+{
+	st->send_credit -= (int64_t)len;
+	conn_send(st->conn, st->id, FRAME_DATA, is_stderr ? FRAME_FLAG_STDERR : 0, buf, len);
+}
+
+/* Read a channel. Foreground: only as much as the exec stream may send (a client
+ * that does not read blocks the command on its pipe), except in collect mode past
+ * the cap, where bytes are read and dropped. Detached: always, into the ring. */
+static void chan_read(struct proc_chan *c, int rounds)
+{
+	struct proc *p = c->p;
+	bool got = false;
+	for (int round = 0; round < rounds && c->fd >= 0; round++) {
+		size_t want = sizeof(rbuf);
+		bool drop = false;
+		if (!p->detached) {
+			if (p->fg == NULL) {
+				chan_close(c);
+				check_done(p);
+				return;
+			}
+			if (p->output_cap > 0 && c->sent >= p->output_cap) {
+				drop = true;
+			} else {
+				size_t n = stream_can_send(p->fg);
+				if (n == 0) {
+					ev_io_stop(loop_(), &c->io);
+					p->fg_blocked = true;
+					stream_wait_writable(p->fg);
+					return;
+				}
+				if (n < want)
+					want = n;
+				if (p->output_cap > 0 && p->output_cap - c->sent < want)
+					want = (size_t)(p->output_cap - c->sent);
+			}
+		}
+		ssize_t r = read(c->fd, rbuf, want);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			/* EIO: every pty slave fd is closed; anything else ends it too */
+			if (errno != EIO)
+				log_debug("process %s: read: %s", p->id, strerror(errno));
+			r = 0;
+		}
+		if (r == 0) {
+			chan_close(c);
+			if (got)
+				attach_notify(p);
+			check_done(p);
+			return;
+		}
+		if (p->detached) {
+			ring_write(&c->ring, rbuf, (size_t)r);
+			got = true;
+		} else if (drop) {
+			c->truncated = true;
+		} else {
+			send_out(p->fg, rbuf, (size_t)r, c->idx == 1);
+			c->sent += (uint64_t)r;
+		}
+		if ((size_t)r < want)
+			break; /* drained for now */
+	}
+	if (got)
+		attach_notify(p);
+}
+
+static void chan_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct proc_chan *c = container_of(w, struct proc_chan, io);
+	struct proc *p = c->p;
+	proc_ref(p);
+	chan_read(c, READ_ROUNDS);
+	proc_unref(p);
+}
+
+void proc_fg_writable(struct proc *p)
+{
+	p->fg_blocked = false;
+	if (!p->io_started)
+		return;
+	for (int i = 0; i < 2; i++)
+		if (p->out[i].fd >= 0 && !ev_is_active(&p->out[i].io))
+			ev_io_start(loop_(), &p->out[i].io);
+}
+
+/* ---- stdin ---- */
+
+static void stdin_flush(struct proc *p)
+{
+	if (p->in_fd < 0 || !p->io_started)
+		return;
+	size_t done = 0;
+	while (done < p->in_len) {
+		ssize_t w = write(p->in_fd, p->in_buf + done, p->in_len - done);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			/* EPIPE: the command closed its stdin; the rest is dropped */
+			if (done > 0 && p->in_owner != NULL)
+				stream_grant(p->in_owner, (uint32_t)done);
+			memmove(p->in_buf, p->in_buf + done, p->in_len - done);
+			p->in_len -= done;
+			stdin_close(p);
+			return;
+		}
+		done += (size_t)w;
+	}
+	if (done > 0) {
+		memmove(p->in_buf, p->in_buf + done, p->in_len - done);
+		p->in_len -= done;
+		if (p->in_owner != NULL)
+			stream_grant(p->in_owner, (uint32_t)done);
+	}
+	if (p->in_len > 0) {
+		ev_io_start(loop_(), &p->in_io);
+		return;
+	}
+	ev_io_stop(loop_(), &p->in_io);
+	if (p->in_fin) {
+		p->in_fin = false;
+		if (p->pty) {
+			/* A terminal has no "close" short of hanging up: the end of input is
+			 * its EOF character, as typing ^D. Best effort: a full tty drops it. */
+			ssize_t w = write(p->in_fd, &p->veof, 1);
+			(void)w;
+		} else {
+			stdin_close(p);
+		}
+	}
+}
+
+static void stdin_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct proc *p = container_of(w, struct proc, in_io);
+	proc_ref(p);
+	stdin_flush(p);
+	proc_unref(p);
+}
+
+int proc_stdin_data(struct proc *p, struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	if (p->in_owner != st) {
+		stream_grant(st, (uint32_t)len); /* not (or no longer) the writer: dropped */
+		return 0;
+	}
+	if (len > 0) {
+		/* stdin closed (the command closed it, or an earlier FIN): dropped, but the
+		 * credit goes back so that the client is not stuck */
+		bool closed = p->state != PROC_STARTING && p->in_fd < 0;
+		if (closed || p->done) {
+			stream_grant(st, (uint32_t)len);
+		} else {
+			if (p->in_len + len > p->in_cap) {
+				/* The client cannot have more in flight than the credit we
+				 * granted, which is what we have not written yet: so this
+				 * only grows up to the window. */
+				size_t cap = p->in_cap ? p->in_cap : 16384;
+				while (cap < p->in_len + len)
+					cap *= 2;
+				if (cap > (size_t)INT32_MAX)
+					return err_set(err, ENOBUFS, NULL, "stdin buffer full");
+				uint8_t *n = realloc(p->in_buf, cap);
+				if (n == NULL)
+					return err_set(err, ENOMEM, NULL, "out of memory");
+				p->in_buf = n;
+				p->in_cap = cap;
+			}
+			memcpy(p->in_buf + p->in_len, buf, len);
+			p->in_len += len;
+		}
+	}
+	if (fin)
+		p->in_fin = true;
+	stdin_flush(p);
+	return 0;
+}
+
+void proc_stdin_release(struct proc *p, struct stream *st)
+{
+	if (st == NULL || p->in_owner != st)
+		return;
+	p->in_owner = NULL;
+	p->in_len = 0;
+	p->in_fin = false;
+	ev_io_stop(loop_(), &p->in_io);
+}
+
+/* ---- waiters ---- */
+
+void proc_add_waiter(struct proc *p, struct proc_waiter *w)
+{
+	w->p = p;
+	w->next = p->waiters;
+	p->waiters = w;
+}
+
+void proc_remove_waiter(struct proc *p, struct proc_waiter *w)
+{
+	for (struct proc_waiter **pp = &p->waiters; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == w) {
+			*pp = w->next;
+			w->next = NULL;
+			return;
+		}
+	}
+}
+
+/* ---- the whole table ---- */
 
 unsigned proc_running(void)
 {
-	return 0;
+	return tab.n_live;
 }
 
 void proc_signal_all(int sig)
 {
-	(void)sig;
+	for (struct proc *p = tab.live; p != NULL; p = p->lnext)
+		proc_kill(p, sig, false);
 }

@@ -1,8 +1,167 @@
-/* proc.h: the table of processes the shim started: ids, state, exit statuses, ring buffers. */
+/* proc.h: the table of processes the shim started: ids, state, exit statuses, output pipes, ring buffers. */
 #ifndef SHIM_PROC_H
 #define SHIM_PROC_H
 
+#include <ev.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "err.h"
+#include "ring.h"
+#include "shim.pb-c.h"
+
+struct stream;
+struct spawn_plan;
+
+/* Limits (see PROTOCOL.md, commands). */
+#define PROC_MAX_ACTIVE 1024         /* starting or running; EAGAIN beyond */
+#define PROC_MAX_EXITED 1024         /* exited detached processes kept; the oldest dropped */
+#define PROC_RING_DEFAULT (1u << 20) /* per stream */
+#define PROC_RING_MAX (16u << 20)    /* largest ring_bytes a request may ask for */
+#define PROC_LINGER_MS 100           /* output still open this long after the exit: cut */
+#define PROC_GRACE_DEFAULT_MS 5000   /* SIGTERM -> SIGKILL on timeout */
+#define PROC_ID_MAX 63               /* [A-Za-z0-9._-]{1,63} */
+#define PROC_ARGV_KEEP 4096          /* bytes of argv kept for ps */
+
+enum proc_state {
+	PROC_STARTING, /* being prepared or forked; not visible by id yet */
+	PROC_RUNNING,  /* exec succeeded */
+	PROC_EXITED,   /* reaped */
+	PROC_FAILED,   /* could not be started (the exec stream got the error) */
+};
+
+/* One output channel: stdout or stderr (with a pty only [0], the master). */
+struct proc_chan {
+	struct proc *p;
+	int idx; /* 0 stdout, 1 stderr */
+	int fd;  /* our read end; -1 once at EOF or cut */
+	ev_io io;
+	struct ring ring; /* detached: the newest ring_bytes of output */
+	uint64_t sent;    /* foreground: bytes sent on the exec stream */
+	bool truncated;   /* collect mode: bytes were dropped */
+};
+
+struct proc_attach;
+
+/* A wait or rmproc request waiting for the exit. */
+struct proc_waiter {
+	struct stream *st;
+	struct proc *p;
+	struct proc_waiter *next;
+	bool remove; /* rmproc (kill): remove once reaped, END Done; else wait: END ExitStatus */
+};
+
+struct proc {
+	char id[PROC_ID_MAX + 1];
+	pid_t pid; /* also the process group and session id; 0 before fork */
+	enum proc_state state;
+	unsigned refs;
+	bool listed; /* in the id table */
+	bool live;   /* forked and not yet reaped */
+	bool reaped; /* exit status collected (maybe before the exec result was read) */
+	bool detached, pty, timed_out, done;
+	bool io_started;            /* exec succeeded: pipes watched, stdin written */
+	bool fg_blocked;            /* the exec stream ran out of credit or room */
+	bool pid_released;          /* the pid's reference was dropped */
+	uint64_t exit_seq;          /* order of exits, for the retention of exited processes */
+	int status;                 /* raw wait status */
+	struct timespec started_at; /* wall clock */
+	uint64_t start_ns, end_ns;  /* monotonic */
+	uint64_t output_cap;        /* foreground collect mode: bytes per stream; 0 = stream */
+	uint32_t timeout_ms, grace_ms;
+	size_t ring_bytes;
+
+	/* argv for ps: NUL-separated, at most PROC_ARGV_KEEP bytes */
+	char *argv;
+	size_t argv_len;
+	unsigned argc;
+	char *exec_path, *cwd; /* for the exec error message */
+
+	struct proc *hnext;         /* id hash */
+	struct proc *prev, *next;   /* table, in creation order */
+	struct proc *lprev, *lnext; /* live processes */
+
+	int errfd; /* exec error pipe */
+	ev_io errio;
+	struct proc_chan out[2];
+
+	/* stdin: a pipe, or a dup of the pty master. Bytes from the owning stream are
+	 * written straight through; what the pipe does not take waits in buf, whose
+	 * size the owner's credit bounds (credit is handed back as bytes are written). */
+	int in_fd;
+	ev_io in_io;
+	uint8_t *in_buf;
+	size_t in_len, in_cap;
+	bool in_fin;        /* close (pty: send VEOF) once buf is written */
+	bool has_stdin;     /* the command was given a stdin pipe or a pty */
+	unsigned char veof; /* pty: the end-of-file character */
+	struct stream *in_owner;
+
+	ev_timer timeout, grace, linger;
+
+	struct stream *fg; /* the exec stream while it lasts */
+	struct proc_attach *attachers;
+	struct proc_waiter *waiters;
+};
+
+/* Check an id a client chose: 1..63 of [A-Za-z0-9._-]. */
+bool proc_id_valid(const char *id);
+/* A new process in state STARTING, listed (its id taken) and counted against the
+ * limit: EAGAIN beyond PROC_MAX_ACTIVE, EEXIST for a taken name, EINVAL for a bad
+ * one. name NULL: a generated id ("p1", "p2", ...). The table holds one reference. */
+struct proc *proc_create(const char *name, bool detached, struct shim_err *err);
+/* Visible processes by id (not STARTING or FAILED). */
+struct proc *proc_lookup(const char *id);
+void proc_ref(struct proc *p);
+void proc_unref(struct proc *p);
+/* Take it out of the table (its id becomes free); drops the table's reference. */
+void proc_unlist(struct proc *p);
+/* Iterate the table in creation order. */
+struct proc *proc_first(void);
+struct proc *proc_next(const struct proc *p);
+
+/* The fork happened: take over pl's fds and strings, watch the pid and the exec
+ * error pipe. The outcome comes back through exec_started() or exec_failed(). */
+void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl);
+/* It will never be forked (prepare failed, fork failed, the stream went away
+ * first): FAILED, out of the table. */
+void proc_start_failed(struct proc *p);
+/* Signal the process group (or only the leader). -1 with errno (ESRCH once reaped). */
+int proc_kill(struct proc *p, int sig, bool only_leader);
+/* The foreground exec stream went away: SIGKILL the group, drop its output. */
+void proc_abandon(struct proc *p);
+/* The exec stream may send again: read the pipes. */
+void proc_fg_writable(struct proc *p);
+/* Stdin bytes from stream st (the exec stream, or an attach with stdin). -1 with err. */
+int proc_stdin_data(struct proc *p, struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err);
+/* st stops being the stdin writer; bytes of it not yet written are dropped. */
+void proc_stdin_release(struct proc *p, struct stream *st);
+/* A wait or rmproc waiter: add, or take away (cancelled). */
+void proc_add_waiter(struct proc *p, struct proc_waiter *w);
+void proc_remove_waiter(struct proc *p, struct proc_waiter *w);
+
+/* Hooks, implemented by the operations (op_exec.c, op_proc.c). */
+void exec_started(struct proc *p);                            /* EVENT started, or END ProcessInfo */
+void exec_failed(struct proc *p, const struct shim_err *err); /* ERROR on the exec stream */
+void exec_finished(struct proc *p);                           /* DATA FIN, END ExitStatus */
+void attach_notify(struct proc *p);                           /* new output, exit, output closed */
+void waiter_notify(struct proc_waiter *w);                    /* the process was reaped */
+
+/* Messages (op_exec.c). The filled messages point into p and into b. */
+void proc_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex);
+struct proc_info_buf {
+	Shim__V1__ProcessInfo info;
+	Shim__V1__ExitStatus exit;
+	Shim__V1__Timestamp started_at;
+	ProtobufCBinaryData *argv; /* malloc'd */
+};
+/* argv_max: bytes of argv to include (the rest is cut). -1 (ENOMEM). */
+int proc_fill_info(const struct proc *p, struct proc_info_buf *b, size_t argv_max);
+void proc_info_buf_free(struct proc_info_buf *b);
+/* EVENT started {id, pid} on st (exec, and attach). */
+void exec_send_started(struct stream *st, const struct proc *p);
 
 /* Processes running now (for info and shutdown). */
 unsigned proc_running(void);

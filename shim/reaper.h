@@ -13,8 +13,12 @@ typedef void (*reaper_fn)(void *ud, pid_t pid, int status);
  * orphan) is reaped here; statuses of pids nobody watches are dropped after logging. */
 int reaper_init(struct ev_loop *loop);
 /* Route pid's exit status to fn. Register right after fork, before returning to the
- * loop (the status cannot be lost: it is only collected from the loop). */
+ * loop (the status cannot be lost: it is only collected from the loop). -1 (ENOMEM). */
 int reaper_watch(pid_t pid, reaper_fn fn, void *ud);
 void reaper_unwatch(pid_t pid);
+/* Reap now what has exited (normally done on SIGCHLD). */
+void reaper_poll(void);
+/* Pids being watched. */
+unsigned reaper_watched(void);
 
 #endif

@@ -2,8 +2,11 @@
 #include "server.h"
 #include "conn.h"
 #include "frame.h"
+#include "init.h"
 #include "listen.h"
 #include "log.h"
+#include "proc.h"
+#include "reaper.h"
 #include "util.h"
 #include "worker.h"
 
@@ -17,7 +20,7 @@
 
 struct server *srv;
 
-const char *const server_features[] = {"info", "echo", "fs", NULL};
+const char *const server_features[] = {"info", "echo", "fs", "exec", "backup", NULL};
 
 void server_config_defaults(struct server_config *cfg)
 {
@@ -30,7 +33,23 @@ void server_config_defaults(struct server_config *cfg)
 	cfg->max_workers = 64;
 	cfg->keepalive = 60;
 	cfg->shutdown_timeout = 10;
+	cfg->kill_grace = 5;
 	cfg->socket_gid = (gid_t)-1;
+}
+
+/* Shutdown, once no command runs any more: end every stream and close. */
+static void server_close_streams_if_idle(struct server *s)
+{
+	if (s->streams_closed || proc_running() > 0)
+		return;
+	s->streams_closed = true;
+	for (struct conn *c = s->conns, *next; c != NULL; c = next) {
+		next = c->next;
+		conn_shutdown(c);
+		/* now: this may run from prepare_cb, after its flush, and nothing else
+		 * would wake the loop for it */
+		conn_flush(c);
+	}
 }
 
 static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
@@ -44,7 +63,10 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 			conn_flush(c);
 	}
 	conn_reap_dead(s);
-	if (s->shutting_down && s->conns == NULL) {
+	/* the end: every connection closed and every child gone (or given up on) */
+	if (s->shutting_down)
+		server_close_streams_if_idle(s);
+	if (s->shutting_down && s->conns == NULL && init_shutdown_done(s)) {
 		ev_timer_stop(loop, &s->shutdown_timer);
 		ev_break(loop, EVBREAK_ALL);
 	}
@@ -55,6 +77,9 @@ static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	(void)loop;
 	(void)revents;
 	struct server *s = srv;
+	/* with a workload, SIGINT is the workload's (forwarded); SIGTERM stops everything */
+	if (w->signum == SIGINT && init_forward_sigint(s))
+		return;
 	server_shutdown(s, w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
@@ -68,7 +93,9 @@ static void shutdown_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		conn_close(c, "shutdown timeout");
 	}
 	conn_reap_dead(srv);
-	ev_break(loop, EVBREAK_ALL);
+	/* the loop ends in prepare_cb once the children are gone too (bounded by the
+	 * kill grace) */
+	(void)loop;
 }
 
 static void read_small_file(const char *path, char *buf, size_t size)
@@ -108,6 +135,8 @@ int server_init(struct server *s, struct ev_loop *loop)
 	ev_prepare_start(loop, &s->prepare);
 	ev_unref(loop);
 	ev_init(&s->shutdown_timer, shutdown_timeout_cb);
+	if (reaper_init(loop) < 0)
+		return -1;
 	if (worker_init(loop, s->cfg.workers, s->cfg.max_workers) < 0) {
 		log_error("cannot start worker threads: %s", strerror(errno));
 		return -1;
@@ -132,13 +161,18 @@ void server_shutdown(struct server *s, const char *why)
 	log_info("shutting down (%s)", why);
 	for (unsigned i = 0; i < s->n_listeners; i++)
 		listener_close(s->listeners[i]);
-	for (struct conn *c = s->conns, *next; c != NULL; c = next) {
-		next = c->next;
-		conn_shutdown(c);
-	}
+	/* SIGTERM to every child first (commands, the workload, orphans; as PID 1 every
+	 * process), SIGKILL after the kill grace: so that commands ended by their
+	 * stream's cancel below have had the TERM too */
+	init_shutdown_begin(s);
+	/* Streams of running commands stay open through the grace period, so that a
+	 * command ending on the TERM reports its real exit status; the rest end now.
+	 * prepare_cb closes the connections once no command runs (after the TERM, or
+	 * the KILL at the end of the grace). New requests are refused meanwhile. */
+	server_close_streams_if_idle(s);
 	s->shutdown_timer.repeat = s->cfg.shutdown_timeout;
-	/* the prepare watcher ends the loop once every connection has closed; the
-	 * timer bounds how long that may take */
+	/* the prepare watcher ends the loop once every connection has closed and every
+	 * child is gone; this timer bounds the connections, the kill grace the children */
 	ev_timer_again(s->loop, &s->shutdown_timer);
 }
 

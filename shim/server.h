@@ -22,6 +22,7 @@ struct server_config {
 	unsigned max_workers;
 	double keepalive;        /* seconds of silence before a PING; 0 = off */
 	double shutdown_timeout; /* seconds to finish in-flight work on SIGTERM */
+	double kill_grace;       /* shutdown: seconds from SIGTERM to SIGKILL for children */
 	char *token;             /* NULL: no token configured */
 	size_t token_len;
 	bool insecure_no_token;
@@ -48,8 +49,9 @@ struct server {
 	char hostname[256];
 	char boot_id[40];
 	bool shutting_down;
-	bool stdio_mode; /* exit when the stdio connection closes */
-	int exit_code;
+	bool streams_closed; /* shutdown: every connection's streams ended */
+	bool stdio_mode;     /* exit when the stdio connection closes */
+	int exit_code;       /* the workload's status, if there is one */
 	ev_signal sig_term, sig_int;
 	ev_prepare prepare; /* flush output and free dead connections before sleeping */
 	ev_timer shutdown_timer;

@@ -573,6 +573,43 @@ int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struc
 	return rc;
 }
 
+static bool has_rx_or_gone(const struct call *k)
+{
+	return k->rx_head != NULL || k->abandoned;
+}
+
+static bool has_credit_or_gone(const struct call *k)
+{
+	return k->send_credit > 0 || k->abandoned;
+}
+
+int sbx__call_wait_keep(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
+			struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	struct sbx_error e;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, want_credit ? has_credit_or_gone : has_rx_or_gone, deadline, tok, &e);
+	if (rc == 1)
+		rc = 0; /* done: the caller sees it through sbx__call_done() */
+	if (rc == 0 && k->abandoned) {
+		/* another thread gave up on the call (cancel token, failed wait) */
+		pthread_mutex_unlock(&c->mu);
+		rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
+	} else if (rc < 0 && e.code == ETIMEDOUT) {
+		/* the call stays alive: the caller may wait again */
+		pthread_mutex_unlock(&c->mu);
+		sbx__copy_error(err, &e);
+	} else {
+		if (rc < 0)
+			sbx__copy_error(err, &e);
+		rc = finish_wait(k, rc);
+	}
+	token_attach(tok, NULL);
+	return rc;
+}
+
 bool sbx__call_done(struct call *k)
 {
 	pthread_mutex_lock(&k->client->mu);

@@ -38,6 +38,11 @@ SBX_API char *sbx_error_format(const struct sbx_error *err, char *buf, size_t si
 {
 	if (size == 0)
 		return buf;
+	/* sbx_eval's failure: code is the snippet's exit status, not an errno */
+	if (err->kind == SBX_ERR_EXIT) {
+		snprintf(buf, size, "exit status %d: %s", err->code, err->message);
+		return buf;
+	}
 	const char *name = sbx_errno_name(err->code);
 	char num[24];
 	if (name == NULL) {

@@ -108,6 +108,13 @@ int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, st
  * available. 0 or -1 as sbx__call_wait. */
 int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
 		      struct sbx_error *err);
+/* Like sbx__call_wait_io, for calls that several threads may wait on at once (a
+ * process's stdin writer and its output reader): waits for a frame or (want_credit)
+ * for credit only; 0 also when the call is done. A timeout fails only this wait and
+ * leaves the call alive; a fired token abandons it (CANCEL goes out); a call that
+ * another thread abandoned fails with ECANCELED. */
+int sbx__call_wait_keep(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
+			struct sbx_error *err);
 /* Ended (END or ERROR, or the connection died) with nothing left queued. */
 bool sbx__call_done(struct call *k);
 /* Take the next queued frame (caller frees it); NULL if none. */

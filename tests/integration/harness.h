@@ -122,5 +122,7 @@ void it_write_file(const char *path, const char *content);
  * sh -c '... exec SHIM_BIN ...': argv[0] is looked up in PATH; the program must end
  * up as the daemon in the same process (exec), so that its PID is the daemon's. */
 struct it_daemon *it_daemon_start_argv(const char *name, const char *const argv[]);
+/* The same without waiting for "ready" (for daemons meant to fail at start). */
+struct it_daemon *it_daemon_spawn_argv(const char *name, const char *const argv[]);
 
 #endif

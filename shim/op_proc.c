@@ -1,0 +1,409 @@
+/* op_proc.c: requests about processes by id: attach, wait, signal, ps, rmproc, resize.
+ *
+ * attach (detached processes only): EVENT started {id, pid}; then the replay of
+ * the ring buffers unless no_replay: all of stdout's ring, then all of stderr's
+ * (the interleaving of the two is not kept in the rings); then, with follow, live
+ * output as it comes until the process has exited and its output is closed: DATA
+ * FIN, END ExitStatus. Without follow: DATA FIN after the replay, then END
+ * ExitStatus if the process has exited, else END Done. CANCEL only detaches.
+ * Output is never held back for an attached client: the pipes are always drained
+ * into the rings, and an attached client reads from the rings at its own pace; one
+ * that falls more than a ring behind skips ahead (it misses the bytes the ring
+ * dropped meanwhile). With stdin, the client's DATA goes to the process's stdin
+ * (one such client at a time: EBUSY), and its FIN closes it (a pty gets VEOF). */
+#include "conn.h"
+#include "frame.h"
+#include "log.h"
+#include "ops.h"
+#include "proc.h"
+#include "util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+
+struct proc_attach {
+	struct stream *st;
+	struct proc *p;
+	struct proc_attach *next;
+	uint64_t pos[2];        /* next byte to send, per channel (ring offsets) */
+	uint64_t replay_end[2]; /* the heads when the attach began */
+	int phase;              /* 0: replay stdout, 1: replay stderr, 2: live */
+	int last;               /* live: the channel sent last (to alternate) */
+	bool follow, writes_stdin;
+	unsigned gen;
+};
+
+static unsigned notify_gen;
+
+static void done_reply(struct stream *st)
+{
+	Shim__V1__Done d = SHIM__V1__DONE__INIT;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
+	res.done = &d;
+	op_end(st, &res);
+}
+
+static void exit_reply(struct stream *st, const struct proc *p)
+{
+	Shim__V1__ExitStatus ex;
+	proc_fill_exit(p, &ex);
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
+	res.exit = &ex;
+	op_end(st, &res);
+}
+
+static struct proc *lookup(const char *id, struct shim_err *err)
+{
+	struct proc *p = id != NULL ? proc_lookup(id) : NULL;
+	if (p == NULL)
+		err_set(err, ENOENT, id != NULL ? id : "", "no such process");
+	return p;
+}
+
+/* ---- attach ---- */
+
+static void attach_unlink(struct proc_attach *a)
+{
+	for (struct proc_attach **pp = &a->p->attachers; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == a) {
+			*pp = a->next;
+			break;
+		}
+	}
+	if (a->writes_stdin)
+		proc_stdin_release(a->p, a->st);
+}
+
+static void attach_finish(struct proc_attach *a)
+{
+	struct proc *p = a->p;
+	struct stream *st = a->st;
+	attach_unlink(a);
+	stream_send_data(st, NULL, 0, true);
+	if (p->state == PROC_EXITED)
+		exit_reply(st, p);
+	else
+		done_reply(st);
+	free(a);
+	proc_unref(p);
+}
+
+/* DATA with the STDERR flag for stderr. */
+static void send_out(struct stream *st, const void *buf, size_t len, bool is_stderr)
+{
+	st->send_credit -= (int64_t)len;
+	conn_send(st->conn, st->id, FRAME_DATA, is_stderr ? FRAME_FLAG_STDERR : 0, buf, len);
+}
+
+/* Send what the client may take now; ends the stream when there is no more. */
+static void attach_pump(struct proc_attach *a)
+{
+	struct proc *p = a->p;
+	for (;;) {
+		int ch;
+		uint64_t limit;
+		if (a->phase < 2) {
+			ch = a->phase;
+			limit = a->replay_end[ch];
+		} else {
+			if (!a->follow) {
+				attach_finish(a);
+				return;
+			}
+			/* alternate between the channels that have bytes waiting */
+			int first = 1 - a->last;
+			ch = -1;
+			for (int k = 0; k < 2; k++) {
+				int c = (first + k) % 2;
+				if (a->pos[c] < p->out[c].ring.head) {
+					ch = c;
+					break;
+				}
+			}
+			if (ch < 0) {
+				if (p->done)
+					attach_finish(a);
+				return; /* attach_notify() calls again */
+			}
+			limit = p->out[ch].ring.head;
+		}
+		const struct ring *r = &p->out[ch].ring;
+		if (a->pos[ch] < ring_tail(r))
+			a->pos[ch] = ring_tail(r); /* fell behind: the ring dropped those bytes */
+		if (a->pos[ch] >= limit) {
+			if (a->phase < 2)
+				a->phase++;
+			continue;
+		}
+		size_t room = stream_can_send(a->st);
+		if (room == 0) {
+			stream_wait_writable(a->st);
+			return;
+		}
+		const uint8_t *d;
+		size_t n = ring_peek(r, a->pos[ch], &d);
+		if (n > limit - a->pos[ch])
+			n = (size_t)(limit - a->pos[ch]);
+		if (n > room)
+			n = room;
+		send_out(a->st, d, n, ch == 1);
+		a->pos[ch] += n;
+		a->last = ch;
+	}
+}
+
+void attach_notify(struct proc *p)
+{
+	/* A pump may end its own stream (and, through the connection, others):
+	 * visit each attached stream once, starting over after every call. */
+	unsigned gen = ++notify_gen;
+again:
+	for (struct proc_attach *a = p->attachers; a != NULL; a = a->next) {
+		if (a->gen == gen)
+			continue;
+		a->gen = gen;
+		attach_pump(a);
+		goto again;
+	}
+}
+
+static int attach_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	struct proc_attach *a = st->op_data;
+	if (!a->writes_stdin) {
+		if (len == 0)
+			return 0;
+		return err_set(err, EINVAL, NULL, "stdin was not requested for this attach");
+	}
+	return proc_stdin_data(a->p, st, buf, len, fin, err);
+}
+
+static void attach_writable(struct stream *st)
+{
+	attach_pump(st->op_data);
+}
+
+static void attach_cancel(struct stream *st)
+{
+	struct proc_attach *a = st->op_data;
+	struct proc *p = a->p;
+	attach_unlink(a); /* the process goes on */
+	free(a);
+	proc_unref(p);
+}
+
+static const struct stream_ops attach_ops = {.data = attach_data, .writable = attach_writable, .cancel = attach_cancel};
+
+int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__AttachRequest *r = req->attach;
+	struct proc *p = lookup(r->id, err);
+	if (p == NULL)
+		return -1;
+	if (!p->detached)
+		return err_set(err, EINVAL, p->id, "not a detached process (attach needs its ring buffers)");
+	if (r->stdin) {
+		if (!p->has_stdin)
+			return err_set(err, EINVAL, p->id, "the process was started without stdin");
+		if (p->in_owner != NULL)
+			return err_set(err, EBUSY, p->id, "another client is writing its stdin");
+	}
+	struct proc_attach *a = calloc(1, sizeof(*a));
+	if (a == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	a->st = st;
+	a->p = p;
+	a->follow = r->follow;
+	a->last = 1;
+	for (int i = 0; i < 2; i++) {
+		a->replay_end[i] = p->out[i].ring.head;
+		a->pos[i] = r->no_replay ? a->replay_end[i] : ring_tail(&p->out[i].ring);
+	}
+	if (r->stdin) {
+		a->writes_stdin = true;
+		p->in_owner = st;
+		p->in_fin = false;
+	}
+	proc_ref(p);
+	a->next = p->attachers;
+	p->attachers = a;
+	a->gen = notify_gen;
+	st->ops = &attach_ops;
+	st->op_data = a;
+	exec_send_started(st, p);
+	attach_pump(a);
+	return 0;
+}
+
+/* ---- wait, and rmproc with kill ---- */
+
+static void waiter_cancel(struct stream *st)
+{
+	struct proc_waiter *w = st->op_data;
+	proc_remove_waiter(w->p, w);
+	proc_unref(w->p);
+	free(w);
+}
+
+static const struct stream_ops waiter_ops = {.cancel = waiter_cancel};
+
+void waiter_notify(struct proc_waiter *w)
+{
+	struct proc *p = w->p;
+	if (w->remove) {
+		proc_unlist(p);
+		done_reply(w->st);
+	} else {
+		exit_reply(w->st, p);
+	}
+	free(w);
+	proc_unref(p);
+}
+
+static int add_waiter(struct stream *st, struct proc *p, bool remove, struct shim_err *err)
+{
+	struct proc_waiter *w = calloc(1, sizeof(*w));
+	if (w == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	w->st = st;
+	w->remove = remove;
+	proc_ref(p);
+	proc_add_waiter(p, w);
+	st->ops = &waiter_ops;
+	st->op_data = w;
+	return 0;
+}
+
+int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	struct proc *p = lookup(req->wait->id, err);
+	if (p == NULL)
+		return -1;
+	if (p->state == PROC_EXITED) {
+		exit_reply(st, p);
+		return 0;
+	}
+	return add_waiter(st, p, false, err);
+}
+
+int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__RemoveProcessRequest *r = req->rmproc;
+	struct proc *p = lookup(r->id, err);
+	if (p == NULL)
+		return -1;
+	if (p->state == PROC_EXITED) {
+		proc_unlist(p);
+		done_reply(st);
+		return 0;
+	}
+	if (!r->kill)
+		return err_set(err, EBUSY, p->id, "the process is running (kill it first, or set kill)");
+	/* answered once it is reaped and removed */
+	if (add_waiter(st, p, true, err) < 0)
+		return -1;
+	proc_kill(p, SIGKILL, false);
+	return 0;
+}
+
+/* ---- signal, resize ---- */
+
+int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__SignalRequest *r = req->signal;
+	/* 0 checks that the process is there, as kill(2) does */
+	if (r->signal < 0 || r->signal >= NSIG)
+		return err_set(err, EINVAL, NULL, "bad signal %d", r->signal);
+	struct proc *p = lookup(r->id, err);
+	if (p == NULL)
+		return -1;
+	if (p->state == PROC_EXITED)
+		return err_set(err, ESRCH, p->id, "the process has exited");
+	if (proc_kill(p, r->signal, r->only_leader) < 0)
+		return err_set(err, errno, p->id, "kill");
+	done_reply(st);
+	return 0;
+}
+
+int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__ResizeRequest *r = req->resize;
+	if (r->rows > 0xffff || r->cols > 0xffff)
+		return err_set(err, EINVAL, NULL, "terminal size %ux%u out of range", r->rows, r->cols);
+	struct proc *p = lookup(r->id, err);
+	if (p == NULL)
+		return -1;
+	if (!p->pty)
+		return err_set(err, ENOTTY, p->id, "the process has no terminal");
+	int fd = p->in_fd >= 0 ? p->in_fd : p->out[0].fd;
+	if (p->state == PROC_EXITED || fd < 0)
+		return err_set(err, ESRCH, p->id, "the process has exited");
+	struct winsize ws = {.ws_row = (unsigned short)r->rows, .ws_col = (unsigned short)r->cols};
+	/* the kernel sends SIGWINCH to the terminal's foreground process group */
+	if (ioctl(fd, TIOCSWINSZ, &ws) < 0)
+		return err_set(err, errno, p->id, "ioctl(TIOCSWINSZ)");
+	done_reply(st);
+	return 0;
+}
+
+/* ---- ps ---- */
+
+int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	(void)req;
+	size_t n = 0;
+	for (struct proc *p = proc_first(); p != NULL; p = proc_next(p))
+		if (p->state == PROC_RUNNING || p->state == PROC_EXITED)
+			n++;
+	struct proc_info_buf *bufs = calloc(n ? n : 1, sizeof(*bufs));
+	Shim__V1__ProcessInfo **infos = calloc(n ? n : 1, sizeof(*infos));
+	if (bufs == NULL || infos == NULL) {
+		free(bufs);
+		free(infos);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	Shim__V1__ProcessList list = SHIM__V1__PROCESS_LIST__INIT;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_PS;
+	res.ps = &list;
+	/* The answer must fit in one frame: argv is shortened, then left out, then
+	 * the oldest entries are dropped. */
+	static const size_t argv_steps[] = {PROC_ARGV_KEEP, 256, 0};
+	size_t max = st->conn->max_frame;
+	int rc = 0;
+	for (size_t s = 0; s < ARRAY_SIZE(argv_steps); s++) {
+		size_t i = 0;
+		for (struct proc *p = proc_first(); p != NULL && i < n; p = proc_next(p)) {
+			if (p->state != PROC_RUNNING && p->state != PROC_EXITED)
+				continue;
+			proc_info_buf_free(&bufs[i]);
+			if (proc_fill_info(p, &bufs[i], argv_steps[s]) < 0)
+				rc = -1;
+			infos[i] = &bufs[i].info;
+			i++;
+		}
+		list.n_processes = i;
+		list.processes = infos;
+		if (rc < 0 || shim__v1__result__get_packed_size(&res) <= max)
+			break;
+	}
+	while (rc == 0 && list.n_processes > 0 && shim__v1__result__get_packed_size(&res) > max) {
+		list.processes++;
+		list.n_processes--;
+	}
+	if (rc == 0)
+		op_end(st, &res);
+	for (size_t i = 0; i < n; i++)
+		proc_info_buf_free(&bufs[i]);
+	free(bufs);
+	free(infos);
+	if (rc < 0)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	return 0;
+}

@@ -1,0 +1,638 @@
+/* spawn.c: starting a command: argv, environment, cwd, pipes or pty built on a worker; fork/exec on the loop.
+ *
+ * The rule from crun and tini: the child allocates nothing and calls only
+ * async-signal-safe functions. Everything it needs (argv, envp, the program path,
+ * the cwd fd, the pipes, the policy with its compiled BPF) exists before fork();
+ * a failure in the child is reported as {stage, errno} through a CLOEXEC pipe,
+ * then _exit(127). The parent learns "exec succeeded" from that pipe's EOF.
+ *
+ * fork or vfork. fork() copies the shim's page tables and makes every page
+ * copy-on-write for both sides until the child execs: measured here, it made the
+ * /bin/true round trip about 2.1x a bare posix_spawn+waitpid (1.2-1.5x without).
+ * So, like posix_spawn(), the child is made with clone(CLONE_VM|CLONE_VFORK) on a
+ * stack of its own when that is safe:
+ *  - the child shares our memory while it runs, so it may only make syscalls
+ *    through thin wrappers. glibc's setresuid/setresgid/setgroups are not thin:
+ *    they signal every thread of the (shared-memory) process to change its ids
+ *    too. policy_apply_child() calls them only for a user or a group (and
+ *    otherwise only setrlimit, setpriority, open/write, prctl and capset), so a
+ *    request with either gets fork(). Signal handlers are not shared (no
+ *    CLONE_SIGHAND), so resetting them in the child is safe; errno is (the loop
+ *    thread's TLS), so it is saved around clone();
+ *  - the loop thread is suspended until the child has exec'd, and execve() opens
+ *    and reads the program (and a "#!" interpreter) before it lets the parent go:
+ *    a program on a network or FUSE filesystem that hangs would hang the whole
+ *    daemon. The worker checks that the program is an ELF file (no "#!"
+ *    interpreter to look up) on a local filesystem (a fixed list of types);
+ *    anything else gets fork();
+ *  - on an overloaded machine the child may wait for a CPU before it gets to
+ *    execve(), and the loop waits with it (measured: 5-25 ms at a load of 4 per
+ *    core, where a burst of execs in one loop iteration then added up past 100
+ *    ms). A vfork that took longer than VFORK_SLOW_NS switches to fork() for
+ *    VFORK_BACKOFF_NS: fork() costs the loop a fixed ~0.2 ms, never a wait on
+ *    the child. */
+#include "spawn.h"
+#include "fs.h"
+#include "log.h"
+#include "policy.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <termios.h>
+#include <unistd.h>
+
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+extern char **environ;
+
+static const char default_path[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+void spawn_plan_init(struct spawn_plan *pl)
+{
+	memset(pl, 0, sizeof(*pl));
+	pl->cwd_fd = -1;
+	for (int i = 0; i < 3; i++)
+		pl->child_fd[i] = -1;
+	pl->in_fd = pl->out_fd = pl->err_fd = -1;
+	pl->errp_r = pl->errp_w = -1;
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+static void free_vec(char **v, size_t n)
+{
+	if (v == NULL)
+		return;
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+void spawn_plan_free(struct spawn_plan *pl)
+{
+	free_vec(pl->argv, pl->argc);
+	free_vec(pl->envp, pl->envc);
+	free(pl->path);
+	free(pl->cwd);
+	pl->argv = pl->envp = NULL;
+	pl->path = pl->cwd = NULL;
+	if (pl->pol != NULL)
+		policy_free(pl->pol);
+	pl->pol = NULL;
+	close_fd(&pl->cwd_fd);
+	/* a pty slave is the same fd three times */
+	if (pl->child_fd[1] == pl->child_fd[0])
+		pl->child_fd[1] = -1;
+	if (pl->child_fd[2] == pl->child_fd[0])
+		pl->child_fd[2] = -1;
+	for (int i = 0; i < 3; i++)
+		close_fd(&pl->child_fd[i]);
+	close_fd(&pl->in_fd);
+	close_fd(&pl->out_fd);
+	close_fd(&pl->err_fd);
+	close_fd(&pl->errp_r);
+	close_fd(&pl->errp_w);
+}
+
+/* A copy of b as a C string; EINVAL (naming what) if it holds a NUL byte. */
+static char *cstr(const ProtobufCBinaryData *b, const char *what, struct shim_err *err)
+{
+	if (memchr(b->data, '\0', b->len) != NULL) {
+		err_setn(err, EINVAL, b->data, b->len, "%s holds a NUL byte", what);
+		return NULL;
+	}
+	char *s = malloc(b->len + 1);
+	if (s == NULL) {
+		err_set(err, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	memcpy(s, b->data, b->len);
+	s[b->len] = '\0';
+	return s;
+}
+
+static int build_argv(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err)
+{
+	if (req->n_argv > 0 && req->has_shell)
+		return err_set(err, EINVAL, NULL, "give argv or shell, not both");
+	if (req->n_argv == 0 && !req->has_shell)
+		return err_set(err, EINVAL, NULL, "no command: argv and shell are both empty");
+	size_t n = req->has_shell ? 3 : req->n_argv;
+	pl->argv = calloc(n + 1, sizeof(char *));
+	if (pl->argv == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	if (req->has_shell) {
+		pl->argv[0] = strdup("/bin/sh");
+		pl->argv[1] = strdup("-c");
+		pl->argc = 2;
+		if (pl->argv[0] == NULL || pl->argv[1] == NULL)
+			return err_set(err, ENOMEM, NULL, "out of memory");
+		if ((pl->argv[2] = cstr(&req->shell, "shell", err)) == NULL)
+			return -1;
+		pl->argc = 3;
+		return 0;
+	}
+	if (req->argv[0].len == 0)
+		return err_set(err, EINVAL, NULL, "argv[0] is empty");
+	for (size_t i = 0; i < n; i++) {
+		if ((pl->argv[i] = cstr(&req->argv[i], "argv", err)) == NULL)
+			return -1;
+		pl->argc = i + 1;
+	}
+	return 0;
+}
+
+static size_t key_len(const char *kv)
+{
+	const char *eq = strchr(kv, '=');
+	return eq ? (size_t)(eq - kv) : strlen(kv);
+}
+
+/* Index of the entry with kv's key in v, or n. */
+static size_t env_find(char **v, size_t n, const char *kv, size_t klen)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(v[i], kv, klen) == 0 && v[i][klen] == '=')
+			return i;
+	return n;
+}
+
+/* Set kv (owned by the caller until it is placed) in the vector, replacing the same key. */
+static int env_put(struct spawn_plan *pl, size_t cap, char *kv, bool replace)
+{
+	size_t k = key_len(kv);
+	size_t i = env_find(pl->envp, pl->envc, kv, k);
+	if (i < pl->envc) {
+		if (!replace) {
+			free(kv);
+			return 0;
+		}
+		free(pl->envp[i]);
+		pl->envp[i] = kv;
+		return 0;
+	}
+	if (pl->envc + 1 >= cap) {
+		free(kv);
+		errno = ENOMEM;
+		return -1;
+	}
+	pl->envp[pl->envc++] = kv;
+	pl->envp[pl->envc] = NULL;
+	return 0;
+}
+
+static char *join_kv(const char *k, const char *v)
+{
+	size_t kl = strlen(k), vl = strlen(v);
+	char *s = malloc(kl + vl + 2);
+	if (s != NULL) {
+		memcpy(s, k, kl);
+		s[kl] = '=';
+		memcpy(s + kl + 1, v, vl + 1);
+	}
+	return s;
+}
+
+static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err)
+{
+	if (req->n_env > SPAWN_MAX_ENV)
+		return err_set(err, EINVAL, NULL, "%zu environment entries (limit %d)", req->n_env, SPAWN_MAX_ENV);
+	for (size_t i = 0; i < req->n_env; i++) {
+		const ProtobufCBinaryData *b = &req->env[i];
+		const uint8_t *eq = memchr(b->data, '=', b->len);
+		if (eq == NULL || eq == b->data)
+			return err_setn(err, EINVAL, b->data, b->len, "environment entry is not K=V");
+	}
+	size_t base = 0;
+	if (!req->clear_env)
+		while (environ != NULL && environ[base] != NULL)
+			base++;
+	size_t cap = base + req->n_env + 4;
+	pl->envp = calloc(cap, sizeof(char *));
+	if (pl->envp == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	for (size_t i = 0; i < base; i++) {
+		char *s = strdup(environ[i]);
+		if (s == NULL || env_put(pl, cap, s, true) < 0)
+			return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	for (size_t i = 0; i < req->n_env; i++) {
+		char *s = cstr(&req->env[i], "environment entry", err);
+		if (s == NULL)
+			return -1;
+		if (env_put(pl, cap, s, true) < 0)
+			return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	/* sane defaults, never overriding what was given */
+	char *s = strdup(default_path);
+	if (s == NULL || env_put(pl, cap, s, false) < 0)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	const char *home = policy_home(pl->pol), *user = policy_user(pl->pol);
+	bool given_home = false, given_user = false;
+	for (size_t i = 0; i < req->n_env; i++) {
+		const ProtobufCBinaryData *b = &req->env[i];
+		given_home |= b->len >= 5 && memcmp(b->data, "HOME=", 5) == 0;
+		given_user |= b->len >= 5 && memcmp(b->data, "USER=", 5) == 0;
+	}
+	/* a user was asked for: its HOME and USER, not the shim's */
+	if (home != NULL && !given_home) {
+		if ((s = join_kv("HOME", home)) == NULL || env_put(pl, cap, s, true) < 0)
+			return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	if (user != NULL && !given_user) {
+		if ((s = join_kv("USER", user)) == NULL || env_put(pl, cap, s, true) < 0)
+			return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	return 0;
+}
+
+static const char *env_get(const struct spawn_plan *pl, const char *key)
+{
+	size_t k = strlen(key);
+	for (size_t i = 0; i < pl->envc; i++)
+		if (strncmp(pl->envp[i], key, k) == 0 && pl->envp[i][k] == '=')
+			return pl->envp[i] + k + 1;
+	return NULL;
+}
+
+/* execvp()'s search, done here (it stat()s: a worker's job) with the command's own
+ * PATH: the first regular file with an execute bit wins. Relative PATH entries
+ * ("" is ".") are relative to the command's cwd. */
+static int path_search(struct spawn_plan *pl, struct shim_err *err)
+{
+	const char *name = pl->argv[0];
+	if (strchr(name, '/') != NULL) {
+		/* used as given; execve() in the child reports ENOENT or EACCES */
+		pl->path = strdup(name);
+		return pl->path ? 0 : err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	size_t nlen = strlen(name);
+	if (nlen > NAME_MAX)
+		return err_set(err, ENAMETOOLONG, name, "program name longer than %d bytes", NAME_MAX);
+	const char *path = env_get(pl, "PATH");
+	if (path == NULL)
+		path = default_path + 5;
+	bool seen_noexec = false;
+	char cand[PATH_MAX];
+	for (const char *p = path;; p++) {
+		const char *end = strchr(p, ':');
+		size_t dlen = end ? (size_t)(end - p) : strlen(p);
+		if (dlen == 0) {
+			snprintf(cand, sizeof(cand), "./%s", name);
+		} else if (dlen + 1 + nlen < sizeof(cand)) {
+			memcpy(cand, p, dlen);
+			cand[dlen] = '/';
+			memcpy(cand + dlen + 1, name, nlen + 1);
+		} else {
+			cand[0] = '\0';
+		}
+		struct stat st;
+		if (cand[0] != '\0' && fstatat(cand[0] == '/' ? AT_FDCWD : pl->cwd_fd, cand, &st, 0) == 0 &&
+		    S_ISREG(st.st_mode)) {
+			if (st.st_mode & 0111) {
+				pl->path = strdup(cand);
+				return pl->path ? 0 : err_set(err, ENOMEM, NULL, "out of memory");
+			}
+			seen_noexec = true;
+		}
+		if (end == NULL)
+			break;
+		p = end;
+	}
+	if (seen_noexec)
+		return err_set(err, EACCES, name, "found in PATH but not executable");
+	return err_set(err, ENOENT, name, "not found in PATH");
+}
+
+static int nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* pipe2 with O_CLOEXEC; our end (ours: 0 read, 1 write) made non-blocking. The
+ * child's end stays blocking: a command does not expect EAGAIN on its stdio. */
+static int make_pipe(int *child, int *parent, int ours, struct shim_err *err)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return err_set(err, errno, NULL, "pipe2");
+	*parent = p[ours];
+	*child = p[1 - ours];
+	if (nonblock(*parent) < 0)
+		return err_set(err, errno, NULL, "fcntl(O_NONBLOCK)");
+	return 0;
+}
+
+static int make_pty(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err)
+{
+	int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (m < 0)
+		return err_set(err, errno, "/dev/ptmx", "posix_openpt");
+	pl->out_fd = m;
+	if (grantpt(m) < 0 || unlockpt(m) < 0)
+		return err_set(err, errno, "/dev/ptmx", "unlockpt");
+	/* TIOCGPTPEER opens the slave from the master itself, no path lookup (4.13) */
+	int s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (s < 0) {
+		char name[64];
+		if (ptsname_r(m, name, sizeof(name)) != 0)
+			return err_set(err, errno, NULL, "ptsname");
+		s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (s < 0)
+			return err_set(err, errno, name, "open");
+	}
+	pl->child_fd[0] = pl->child_fd[1] = pl->child_fd[2] = s;
+	if (req->has_rows || req->has_cols) {
+		struct winsize ws = {.ws_row = (unsigned short)req->rows, .ws_col = (unsigned short)req->cols};
+		if (req->rows > 0xffff || req->cols > 0xffff)
+			return err_set(err, EINVAL, NULL, "terminal size %ux%u out of range", req->rows, req->cols);
+		if (ioctl(m, TIOCSWINSZ, &ws) < 0)
+			return err_set(err, errno, NULL, "ioctl(TIOCSWINSZ)");
+	}
+	struct termios t;
+	pl->veof = tcgetattr(s, &t) == 0 && t.c_cc[VEOF] != 0 ? t.c_cc[VEOF] : 4;
+	/* stdin is written through a second fd, so that it has its own watcher */
+	pl->in_fd = fcntl(m, F_DUPFD_CLOEXEC, 3);
+	if (pl->in_fd < 0)
+		return err_set(err, errno, NULL, "fcntl(F_DUPFD)");
+	if (nonblock(m) < 0)
+		return err_set(err, errno, NULL, "fcntl(O_NONBLOCK)");
+	pl->pty = true;
+	return 0;
+}
+
+/* Filesystems whose files exec() reads without waiting on a network or a FUSE
+ * daemon: ext2-4, xfs, btrfs, tmpfs, ramfs, overlayfs, squashfs, erofs, f2fs. */
+static bool local_fs(unsigned long type)
+{
+	static const unsigned long types[] = {0xEF53,     0x58465342, 0x9123683E, 0x01021994, 0x858458F6,
+					      0x794C7630, 0x73717368, 0xE0F5E1E2, 0xF2F52010};
+	for (size_t i = 0; i < ARRAY_SIZE(types); i++)
+		if (type == types[i])
+			return true;
+	return false;
+}
+
+/* May the child be made with CLONE_VM|CLONE_VFORK? See the top of this file. */
+static bool vfork_safe(const Shim__V1__ExecRequest *req, const struct spawn_plan *pl)
+{
+	if ((req->user != NULL && req->user[0] != '\0') || (req->group != NULL && req->group[0] != '\0'))
+		return false;
+	int fd = openat(pl->path[0] == '/' ? AT_FDCWD : pl->cwd_fd, pl->path,
+			O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0)
+		return false; /* execve() will say why, or manage without read access */
+	struct stat st;
+	struct statfs sf;
+	unsigned char hdr[4];
+	bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && fstatfs(fd, &sf) == 0 &&
+		  local_fs((unsigned long)sf.f_type) && pread(fd, hdr, sizeof(hdr), 0) == (ssize_t)sizeof(hdr) &&
+		  memcmp(hdr, "\177ELF", 4) == 0;
+	close(fd);
+	return ok;
+}
+
+int spawn_prepare(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err)
+{
+	if (build_argv(req, pl, err) < 0)
+		return -1;
+	/* the user first: HOME and USER come from it */
+	if (policy_prepare(req, &pl->pol, err) < 0) {
+		pl->pol = NULL;
+		return -1;
+	}
+	if (build_env(req, pl, err) < 0)
+		return -1;
+
+	/* cwd: resolved beneath --root like every other path the client names */
+	struct fs_path cwd;
+	if (req->has_cwd) {
+		if (fs_path_get(&req->cwd, &cwd, err) < 0)
+			return -1;
+	} else {
+		strcpy(cwd.abs, "/");
+		cwd.len = 1;
+	}
+	if ((pl->cwd = strdup(cwd.abs)) == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	pl->cwd_fd = fs_open(&cwd, O_PATH | O_DIRECTORY, 0, err);
+	if (pl->cwd_fd < 0)
+		return err_set(err, err->code, cwd.abs, "chdir");
+
+	if (path_search(pl, err) < 0)
+		return -1;
+	pl->vfork = vfork_safe(req, pl);
+
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return err_set(err, errno, NULL, "pipe2");
+	pl->errp_r = p[0];
+	pl->errp_w = p[1];
+	if (nonblock(pl->errp_r) < 0)
+		return err_set(err, errno, NULL, "fcntl(O_NONBLOCK)");
+
+	if (req->pty)
+		return make_pty(req, pl, err);
+	if (req->stdin) {
+		if (make_pipe(&pl->child_fd[0], &pl->in_fd, 1, err) < 0)
+			return -1;
+	} else {
+		pl->child_fd[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (pl->child_fd[0] < 0)
+			return err_set(err, errno, "/dev/null", "open");
+	}
+	if (make_pipe(&pl->child_fd[1], &pl->out_fd, 0, err) < 0)
+		return -1;
+	return make_pipe(&pl->child_fd[2], &pl->err_fd, 0, err);
+}
+
+/* ---- the child: async-signal-safe calls only, nothing allocated ---- */
+
+/* Under ASan the child's own code is left uninstrumented: in a CLONE_VM child on a
+ * stack ASan does not know, its no-return bookkeeping would misfire. */
+#ifdef __SANITIZE_ADDRESS__
+#define CHILD_CODE __attribute__((no_sanitize_address))
+#else
+#define CHILD_CODE
+#endif
+
+CHILD_CODE static void copy_stage(char *dst, size_t size, const char *src)
+{
+	size_t i = 0;
+	for (; src != NULL && src[i] != '\0' && i + 1 < size; i++)
+		dst[i] = src[i];
+	dst[i] = '\0';
+}
+
+CHILD_CODE __attribute__((noreturn)) static void child_fail(int fd, int e, int what, const char *stage)
+{
+	struct spawn_failure f;
+	memset(&f, 0, sizeof(f));
+	f.err = e;
+	f.what = what;
+	copy_stage(f.stage, sizeof(f.stage), stage);
+	/* fewer than PIPE_BUF bytes: written whole or not at all */
+	ssize_t w;
+	do {
+		w = write(fd, &f, sizeof(f));
+	} while (w < 0 && errno == EINTR);
+	_exit(127);
+}
+
+CHILD_CODE __attribute__((noreturn)) static void child_main(const struct spawn_plan *pl)
+{
+	int efd = pl->errp_w;
+	/* Dispositions back to default (an ignored SIGPIPE would survive exec and
+	 * change how pipelines end), then the mask the parent blocked around fork.
+	 * Signals sent to us meanwhile stay pending and act by default. */
+	struct sigaction dfl;
+	memset(&dfl, 0, sizeof(dfl));
+	dfl.sa_handler = SIG_DFL;
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			sigaction(sig, &dfl, NULL); /* glibc's internal signals fail: fine */
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+
+	/* its own session and process group: timeout, cancel and kill reach the group */
+	if (setsid() < 0)
+		child_fail(efd, errno, SPAWN_WHAT_NONE, "setsid");
+	if (pl->pty && ioctl(pl->child_fd[0], TIOCSCTTY, 0) < 0)
+		child_fail(efd, errno, SPAWN_WHAT_NONE, "ioctl(TIOCSCTTY)");
+
+	/* Any fd we are about to place could itself be 0, 1 or 2 (the shim may run
+	 * with those closed): lift them all above 2 first, then dup2 into place. */
+	int src[3];
+	if (efd < 3 && (efd = fcntl(efd, F_DUPFD_CLOEXEC, 3)) < 0)
+		_exit(127);
+	for (int i = 0; i < 3; i++) {
+		src[i] = pl->child_fd[i];
+		if (src[i] < 3 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0)
+			child_fail(efd, errno, SPAWN_WHAT_NONE, "fcntl(F_DUPFD)");
+	}
+	for (int i = 0; i < 3; i++)
+		if (dup2(src[i], i) < 0) /* the new fd has no CLOEXEC */
+			child_fail(efd, errno, SPAWN_WHAT_NONE, "dup2");
+	if (fchdir(pl->cwd_fd) < 0)
+		child_fail(efd, errno, SPAWN_WHAT_CWD, "chdir");
+	const char *stage = NULL;
+	if (policy_apply_child(pl->pol, &stage) < 0)
+		child_fail(efd, errno, SPAWN_WHAT_NONE, stage ? stage : "policy");
+	/* Whatever another thread opened without O_CLOEXEC must not leak into the
+	 * command (5.11+; older kernels: every fd of ours is CLOEXEC anyway). */
+	syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+	execve(pl->path, pl->argv, pl->envp);
+	child_fail(efd, errno, SPAWN_WHAT_PROGRAM, "execve");
+}
+
+CHILD_CODE static int child_entry(void *arg)
+{
+	child_main(arg);
+}
+
+/* The vfork child's stack: one is enough, since the loop thread (the only one
+ * that spawns) waits while a child uses it. A guard page below it. */
+#define CHILD_STACK (256u << 10)
+static char *child_stack;
+
+static pid_t clone_vfork(struct spawn_plan *pl)
+{
+	if (child_stack == NULL) {
+		long page = sysconf(_SC_PAGESIZE);
+		char *m = mmap(NULL, CHILD_STACK + (size_t)page, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+		if (m == MAP_FAILED)
+			return -1;
+		mprotect(m, (size_t)page, PROT_NONE);
+		child_stack = m + page;
+	}
+#ifdef __SANITIZE_ADDRESS__
+	/* A child that exec'd never returned from its frames: their redzones are
+	 * still poisoned in the (shared) shadow memory. */
+	__asan_unpoison_memory_region(child_stack, CHILD_STACK);
+#endif
+	int saved = errno;
+	pid_t pid = clone(child_entry, child_stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, pl);
+	if (pid >= 0)
+		errno = saved; /* the child wrote to our errno */
+	return pid;
+}
+
+#define VFORK_SLOW_NS 2000000u         /* 2 ms */
+#define VFORK_BACKOFF_NS 1000000000ull /* 1 s */
+static uint64_t vfork_off_until;
+
+pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err)
+{
+	bool use_vfork = pl->vfork && mono_ns() >= vfork_off_until;
+	/* Block every signal around fork: the child must not run the shim's handlers
+	 * (libev's would write to the loop's wakeup fd, and in a CLONE_VM child mark
+	 * the signal pending in our memory) before it resets them. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pid_t pid;
+	if (use_vfork) {
+		uint64_t t0 = mono_ns();
+		pid = clone_vfork(pl);
+		uint64_t t1 = mono_ns();
+		if (t1 - t0 > VFORK_SLOW_NS) {
+			vfork_off_until = t1 + VFORK_BACKOFF_NS;
+			log_debug("vfork took %llu us: fork() for a while", (unsigned long long)(t1 - t0) / 1000);
+		}
+	} else {
+		pid = fork();
+		if (pid == 0)
+			child_main(pl);
+	}
+	int e = errno;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pl->vfork = use_vfork; /* from now on: how it was made */
+	if (pid < 0)
+		return err_set(err, e, NULL, use_vfork ? "clone" : "fork");
+	if (pl->child_fd[1] == pl->child_fd[0])
+		pl->child_fd[1] = -1;
+	if (pl->child_fd[2] == pl->child_fd[0])
+		pl->child_fd[2] = -1;
+	for (int i = 0; i < 3; i++)
+		close_fd(&pl->child_fd[i]);
+	close_fd(&pl->errp_w);
+	close_fd(&pl->cwd_fd);
+	return pid;
+}
+
+void spawn_failure_err(const struct spawn_failure *f, const char *path, const char *cwd, struct shim_err *err)
+{
+	char stage[sizeof(f->stage) + 1];
+	memcpy(stage, f->stage, sizeof(f->stage));
+	stage[sizeof(f->stage)] = '\0';
+	const char *p = f->what == SPAWN_WHAT_CWD ? cwd : f->what == SPAWN_WHAT_PROGRAM ? path : NULL;
+	int code = f->err > 0 ? f->err : EIO;
+	err_set(err, code, p, "%s", stage[0] ? stage : "exec");
+}
