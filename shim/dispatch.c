@@ -51,6 +51,8 @@ static const struct disp_entry table[] = {
 	{SHIM__V1__REQUEST__KIND_WAIT, "wait", op_wait, NULL},
 	{SHIM__V1__REQUEST__KIND_RMPROC, "rmproc", op_rmproc, NULL},
 	{SHIM__V1__REQUEST__KIND_RESIZE, "resize", op_resize, NULL},
+	{SHIM__V1__REQUEST__KIND_BACKUP, "backup", op_backup, NULL},
+	{SHIM__V1__REQUEST__KIND_RESTORE, "restore", op_restore, NULL},
 };
 
 /* ---- blocking operations ---- */

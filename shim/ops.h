@@ -65,6 +65,10 @@ int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *er
 int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
+/* op_backup.c: tar backups and restores (libarchive, on workers) */
+int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+
 /* End st with END carrying result (packed here). */
 void op_end(struct stream *st, const Shim__V1__Result *result);
 

@@ -26,6 +26,10 @@ PACKAGES=(
 	libcap-dev
 	libseccomp-dev
 	libarchive-dev
+	libzstd-dev  # static archives of libarchive's compressors, for the static daemon
+	liblz4-dev
+	libacl1-dev
+	nettle-dev   # sha256 of backup streams
 	# unit tests (Check; its pkg-config file needs subunit)
 	check
 	libsubunit-dev
@@ -34,6 +38,9 @@ PACKAGES=(
 	python3
 	procps     # ps, pgrep, free
 	util-linux # unshare, setsid, flock
+	tar        # GNU tar: archive compatibility tests and the backup benchmark baseline
+	zstd       # tar --zstd in the benchmark baseline
+	attr       # setfattr/getfattr: xattrs in the backup round trip
 )
 
 missing=()

@@ -1,6 +1,6 @@
 /* sbx.c: the sbx command-line client, a thin shell over the public SDK in sbx.h. */
+#include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -11,53 +11,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sbx.h"
+#include "cli.h"
 
-enum {
-	EXIT_OK = 0,
-	EXIT_FAIL = 1,    /* the operation failed */
-	EXIT_USAGE = 2,   /* bad command line */
-	EXIT_CONNECT = 3, /* cannot connect, handshake refused, protocol error */
-};
-
-enum {
-	OPT_TOKEN_FILE = 256,
-	OPT_TIMEOUT,
-	OPT_JSON,
-	OPT_TRACE,
-	OPT_VERSION,
-};
+enum { OPT_TOKEN_FILE = 256, OPT_TIMEOUT, OPT_JSON, OPT_TRACE, OPT_VERSION };
 
 #define GLOBAL_USAGE "[-t TARGET] [--token-file F] [--timeout SECONDS] [--json] [--trace]"
-#define TOKEN_MAX 4096
 #define PING_COUNT_MAX 100000
 
-struct command;
-
-struct ctx {
-	const char *target;
-	const char *token_file;
-	int timeout_ms; /* 0: the library's defaults */
-	int json;
-	int trace;
-	const struct command *cmd; /* the subcommand being run, NULL while in main */
+const struct option help_only_opts[] = {
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
 };
-
-struct command {
-	const char *name;
-	int (*fn)(struct ctx *ctx, int argc, char **argv);
-	const char *usage;
-	const char *help;
-};
-
-static const struct command *find_command(const char *name);
-static void print_help(FILE *f);
 
 /* ---- errors and usage ---- */
 
-/* Print err on stderr and return the exit status it calls for. target is set when
- * the failure happened while connecting: that is always "cannot connect". */
-static int fail(const struct sbx_error *err, const char *target)
+/* A failure while connecting is always "cannot connect". */
+int fail(const struct sbx_error *err, const char *target)
 {
 	char buf[1536];
 
@@ -80,37 +49,43 @@ static int fail(const struct sbx_error *err, const char *target)
 	return EXIT_FAIL;
 }
 
-static void short_usage(const struct ctx *ctx)
+static void print_cmd_usage(FILE *f, const struct command *cmd)
 {
-	if (ctx->cmd) {
-		fprintf(stderr, "usage: sbx [OPTIONS] %s %s\n", ctx->cmd->name, ctx->cmd->usage);
-		fprintf(stderr, "Try 'sbx %s --help' for more information.\n", ctx->cmd->name);
-	} else {
-		fprintf(stderr, "usage: sbx " GLOBAL_USAGE " COMMAND [ARGS]...\n");
-		fprintf(stderr, "Try 'sbx --help' for more information.\n");
-	}
+	fprintf(f, "usage: sbx [OPTIONS] %s%s%s\n", cmd->name, *cmd->usage ? " " : "", cmd->usage);
 }
 
-__attribute__((format(printf, 2, 3))) static int usage_error(const struct ctx *ctx, const char *fmt, ...)
+int usage_error(const struct ctx *ctx, const char *fmt, ...)
 {
 	va_list ap;
 
-	fputs("sbx: ", stderr);
-	if (ctx->cmd)
-		fprintf(stderr, "%s: ", ctx->cmd->name);
+	fprintf(stderr, "sbx: %s%s", ctx->cmd ? ctx->cmd->name : "", ctx->cmd ? ": " : "");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
-	short_usage(ctx);
+	if (ctx->cmd) {
+		fputc('\n', stderr);
+		print_cmd_usage(stderr, ctx->cmd);
+		fprintf(stderr, "Try 'sbx %s --help' for more information.\n", ctx->cmd->name);
+	} else {
+		fprintf(stderr, "\nusage: sbx " GLOBAL_USAGE " COMMAND [ARGS]...\n");
+		fprintf(stderr, "Try 'sbx --help' for more information.\n");
+	}
 	return EXIT_USAGE;
 }
 
-/* Turn getopt_long's ':' (missing argument) or '?' (unknown option) into a usage error. */
-static int bad_option(const struct ctx *ctx, char **argv, int opt)
+static int show_cmd_help(const struct command *cmd)
+{
+	print_cmd_usage(stdout, cmd);
+	printf("\n%s\n", cmd->help);
+	return EXIT_OK;
+}
+
+int other_option(const struct ctx *ctx, char **argv, int opt)
 {
 	const char *arg = optind > 0 ? argv[optind - 1] : "";
 
+	if (opt == 'h')
+		return show_cmd_help(ctx->cmd);
 	if (opt == ':')
 		return usage_error(ctx, "option '%s' needs an argument", arg);
 	if (optopt && strncmp(arg, "--", 2) != 0)
@@ -118,114 +93,175 @@ static int bad_option(const struct ctx *ctx, char **argv, int opt)
 	return usage_error(ctx, "unknown or malformed option '%s'", arg);
 }
 
-static int no_more_args(const struct ctx *ctx, int argc, char **argv)
+int no_more_args(const struct ctx *ctx, int argc, char **argv)
 {
 	if (optind < argc)
 		return usage_error(ctx, "unexpected argument '%s'", argv[optind]);
 	return EXIT_OK;
 }
 
-static int show_cmd_help(const struct command *cmd)
+int want_operands(const struct ctx *ctx, int argc, char **argv, int n)
 {
-	printf("usage: sbx [OPTIONS] %s %s\n\n%s\n", cmd->name, cmd->usage, cmd->help);
+	if (argc - optind < n && optind < argc)
+		return usage_error(ctx, "missing operand after '%s'", argv[argc - 1]);
+	if (argc - optind < n)
+		return usage_error(ctx, "missing operand");
+	if (argc - optind > n)
+		return usage_error(ctx, "unexpected argument '%s'", argv[optind + n]);
 	return EXIT_OK;
 }
 
 /* ---- parsing ---- */
 
-/* Seconds, possibly fractional, to milliseconds (rounded up so 0.0001 is not "none"). */
-static int parse_seconds(const char *s, int *ms)
+/* Rounded up so that 0.0001 is not "none". */
+int parse_seconds(const char *s, int *ms)
 {
 	char *end;
-	double v, x;
+	double v;
 
 	errno = 0;
 	v = strtod(s, &end);
-	/* The negated comparison also rejects NaN. */
+	/* Written so that NaN fails too. */
 	if (end == s || *end || errno || !(v >= 0 && v <= 2000000.0))
 		return -1;
-	x = v * 1000.0;
-	*ms = (int)x;
-	if (*ms < x)
+	*ms = (int)(v * 1000.0);
+	if (*ms < v * 1000.0)
 		(*ms)++;
 	return 0;
 }
 
-static int parse_count(const char *s, unsigned long max, unsigned long *out)
+/* Only digits: strtoull alone would take " 12", "+12" and "-12" (as a huge number). */
+static int parse_u64(const char *s, int base, char **end, uint64_t *out)
 {
-	char *end;
-	unsigned long v;
+	const char *digits = base == 8 ? "01234567" : "0123456789";
 
-	if (*s < '0' || *s > '9')
+	if (!*s || !strchr(digits, *s))
 		return -1;
 	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (*end || errno || v == 0 || v > max)
+	*out = strtoull(s, end, base);
+	return errno ? -1 : 0;
+}
+
+int parse_size(const char *s, uint64_t *out)
+{
+	const char *suffixes = "KMGT", *p;
+	uint64_t v, mul = 1;
+	char *end;
+
+	if (parse_u64(s, 10, &end, &v) < 0)
 		return -1;
+	if (*end && (p = strchr(suffixes, toupper((unsigned char)*end)))) {
+		mul = 1ULL << (10 * (p - suffixes + 1));
+		end++;
+		if (!strcmp(end, "iB") || !strcmp(end, "B"))
+			end += strlen(end);
+	}
+	if (*end || v > UINT64_MAX / mul)
+		return -1;
+	*out = v * mul;
+	return 0;
+}
+
+int parse_mode(const char *s, unsigned *out)
+{
+	uint64_t v;
+	char *end;
+
+	if (parse_u64(s, 8, &end, &v) < 0 || *end || v > 07777)
+		return -1;
+	*out = (unsigned)v;
+	return 0;
+}
+
+int parse_id(const char *s, int64_t *out)
+{
+	uint64_t v;
+	char *end;
+
+	if (parse_u64(s, 10, &end, &v) < 0 || *end || v >= UINT32_MAX)
+		return -1;
+	*out = (int64_t)v;
+	return 0;
+}
+
+/* n decimal digits at *p, advancing it. */
+static int fixed_digits(const char **p, int n, int *out)
+{
+	int v = 0;
+
+	for (; n > 0; n--, (*p)++) {
+		if (**p < '0' || **p > '9')
+			return -1;
+		v = v * 10 + (**p - '0');
+	}
 	*out = v;
 	return 0;
 }
 
-/* BYTES with an optional binary suffix: 4096, 64K, 1M, 2G (also "KiB", "MB"...). */
-static int parse_size(const char *s, size_t *out)
+/* Days from 1970-01-01 to y-m-d in the proleptic Gregorian calendar (H. Hinnant's
+ * days_from_civil): no timegm(), which would read the time zone database. */
+static int64_t days_from_civil(int64_t y, int m, int d)
 {
-	char *end;
-	uint64_t v, mul = 1;
+	int64_t era, yoe, doy;
 
-	if (*s < '0' || *s > '9')
+	y -= m <= 2;
+	era = (y >= 0 ? y : y - 399) / 400;
+	yoe = y - era * 400;
+	doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+	return era * 146097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719468;
+}
+
+int parse_time(const char *s, struct sbx_timespec *out)
+{
+	static const int mdays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+	int y, mo, d, h, mi, sec, oh = 0, om = 0, sign = 0, leap;
+	uint32_t nsec = 0, scale = 100000000;
+	const char *p = s;
+
+	if (fixed_digits(&p, 4, &y) || *p++ != '-' || fixed_digits(&p, 2, &mo) || *p++ != '-' ||
+	    fixed_digits(&p, 2, &d))
 		return -1;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno)
+	if (*p != 'T' && *p != 't' && *p != ' ')
 		return -1;
-	switch (*end) {
-	case 'k':
-	case 'K':
-		mul = 1ULL << 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		mul = 1ULL << 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		mul = 1ULL << 30;
-		end++;
-		break;
-	default:
-		break;
+	p++;
+	if (fixed_digits(&p, 2, &h) || *p++ != ':' || fixed_digits(&p, 2, &mi) || *p++ != ':' ||
+	    fixed_digits(&p, 2, &sec))
+		return -1;
+	if (*p == '.') {
+		if (*++p < '0' || *p > '9')
+			return -1;
+		for (; *p >= '0' && *p <= '9'; p++, scale /= 10)
+			nsec += (uint32_t)(*p - '0') * scale;
 	}
-	if (mul > 1 && (!strcmp(end, "iB") || !strcmp(end, "B")))
-		end += strlen(end);
-	if (*end || v > SIZE_MAX / mul)
+	if (*p == 'Z' || *p == 'z') {
+		p++;
+	} else if (*p == '+' || *p == '-') {
+		sign = *p++ == '-' ? -1 : 1;
+		if (fixed_digits(&p, 2, &oh) || *p++ != ':' || fixed_digits(&p, 2, &om) || oh > 23 || om > 59)
+			return -1;
+	} else {
 		return -1;
-	*out = (size_t)(v * mul);
+	}
+	leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+	if (*p || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] || (mo == 2 && d == 29 && !leap) || h > 23 ||
+	    mi > 59 || sec > 59)
+		return -1;
+	/* Local time minus its offset from UTC is UTC. */
+	out->sec = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec - sign * (oh * 3600 + om * 60);
+	out->nsec = nsec;
 	return 0;
 }
 
-/* ---- output helpers ---- */
+/* ---- output ---- */
 
-/* Length of the valid UTF-8 sequence at p (2-4), or 0 if it is not one. */
-static size_t utf8_len(const unsigned char *p)
+/* Length of the valid UTF-8 sequence of at most len bytes at p (2-4), else 0. */
+size_t utf8_len(const unsigned char *p, size_t len)
 {
-	size_t n, i;
-	uint32_t cp;
+	size_t n = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2, i;
+	uint32_t cp = p[0] & (0x7f >> n);
 
-	if (p[0] >= 0xc2 && p[0] <= 0xdf) {
-		n = 2;
-		cp = p[0] & 0x1f;
-	} else if (p[0] >= 0xe0 && p[0] <= 0xef) {
-		n = 3;
-		cp = p[0] & 0x0f;
-	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
-		n = 4;
-		cp = p[0] & 0x07;
-	} else {
+	if (p[0] < 0xc2 || p[0] > 0xf4 || n > len)
 		return 0;
-	}
-	/* A NUL stops this loop too, so it never reads past the string. */
 	for (i = 1; i < n; i++) {
 		if ((p[i] & 0xc0) != 0x80)
 			return 0;
@@ -236,38 +272,32 @@ static size_t utf8_len(const unsigned char *p)
 	return n;
 }
 
-/* A JSON string; bytes that are not UTF-8 come out as \u00XX of the byte. */
-static void json_str(FILE *f, const char *s)
+/* len bytes of s as a JSON string; bytes that are not UTF-8 come out as \u00XX. */
+void json_strn(const char *s, size_t len)
 {
-	const unsigned char *p = (const unsigned char *)(s ? s : "");
+	const unsigned char *p = (const unsigned char *)s, *end = p + len;
 	size_t n;
 
-	putc('"', f);
-	while (*p) {
+	putchar('"');
+	while (p < end) {
 		if (*p == '"' || *p == '\\') {
-			putc('\\', f);
-			putc(*p++, f);
-		} else if (*p < 0x20) {
-			fprintf(f, "\\u%04x", *p++);
-		} else if (*p < 0x80) {
-			putc(*p++, f);
-		} else if ((n = utf8_len(p)) > 0) {
-			fwrite(p, 1, n, f);
+			putchar('\\');
+			putchar(*p++);
+		} else if (*p >= 0x20 && *p < 0x80) {
+			putchar(*p++);
+		} else if ((n = utf8_len(p, (size_t)(end - p))) > 0) {
+			fwrite(p, 1, n, stdout);
 			p += n;
 		} else {
-			fprintf(f, "\\u%04x", *p++);
+			printf("\\u%04x", *p++);
 		}
 	}
-	putc('"', f);
+	putchar('"');
 }
 
-/* JSON has no NaN or infinity. */
-static void json_num(FILE *f, double v, int prec)
+void json_str(const char *s)
 {
-	if (isfinite(v))
-		fprintf(f, "%.*f", prec, v);
-	else
-		fputs("null", f);
+	json_strn(s ? s : "", s ? strlen(s) : 0);
 }
 
 static const char *fmt_bytes(uint64_t n, char *buf, size_t size)
@@ -280,27 +310,12 @@ static const char *fmt_bytes(uint64_t n, char *buf, size_t size)
 		v /= 1024;
 		i++;
 	}
-	if (i == 0)
-		snprintf(buf, size, "%" PRIu64 " B", n);
-	else
-		snprintf(buf, size, "%.1f %s", v, units[i]);
-	return buf;
-}
-
-static const char *fmt_uptime(uint64_t ms, char *buf, size_t size)
-{
-	uint64_t s = ms / 1000;
-	unsigned h = (unsigned)(s / 3600 % 24), m = (unsigned)(s / 60 % 60), sec = (unsigned)(s % 60);
-
-	if (s >= 86400)
-		snprintf(buf, size, "%" PRIu64 "d %02u:%02u:%02u", s / 86400, h, m, sec);
-	else
-		snprintf(buf, size, "%02u:%02u:%02u", h, m, sec);
+	snprintf(buf, size, i ? "%.1f %s" : "%.0f %s", v, units[i]);
 	return buf;
 }
 
 /* One aligned "key: value" line. */
-__attribute__((format(printf, 2, 3))) static void kv(const char *key, const char *fmt, ...)
+void kv(const char *key, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -311,25 +326,16 @@ __attribute__((format(printf, 2, 3))) static void kv(const char *key, const char
 	putchar('\n');
 }
 
-static void put_line(FILE *f, const char *prefix, const char *line)
-{
-	size_t n = strlen(line);
-
-	if (n && line[n - 1] == '\n')
-		n--;
-	fprintf(f, "%s%.*s\n", prefix, (int)n, line);
-}
-
 static void trace_cb(void *ud, const char *line)
 {
 	(void)ud;
-	put_line(stderr, "sbx: trace: ", line);
+	fprintf(stderr, "sbx: trace: %s\n", line);
 }
 
 static void decode_cb(void *ud, const char *line)
 {
 	(void)ud;
-	put_line(stdout, "", line);
+	puts(line);
 }
 
 static uint64_t now_ns(void)
@@ -342,41 +348,35 @@ static uint64_t now_ns(void)
 
 /* ---- connecting ---- */
 
-/* Read the token, dropping the trailing newline/whitespace editors and echo leave. */
+/* Read the token, without the trailing newline/whitespace editors and echo leave. */
 static int read_token(const char *path, char *buf, size_t size)
 {
 	FILE *f = fopen(path, "r");
+	const char *why;
 	size_t n;
-	int ok;
 
 	if (!f) {
 		fprintf(stderr, "sbx: %s: %s\n", path, strerror(errno));
 		return -1;
 	}
 	n = fread(buf, 1, size - 1, f);
-	ok = !ferror(f) && feof(f);
+	why = ferror(f) ? "read error" : !feof(f) ? "token file too large" : NULL;
 	fclose(f);
-	if (!ok) {
-		fprintf(stderr, "sbx: %s: %s\n", path, n == size - 1 ? "token file too large" : "read error");
-		return -1;
-	}
 	while (n > 0 && strchr(" \t\r\n", buf[n - 1]))
 		n--;
 	buf[n] = '\0';
-	if (n == 0 || memchr(buf, '\0', n)) {
-		fprintf(stderr, "sbx: %s: %s\n", path, n ? "token contains a NUL byte" : "empty token");
-		return -1;
-	}
-	return 0;
+	if (!why && (n == 0 || strlen(buf) != n))
+		why = n ? "token contains a NUL byte" : "empty token";
+	if (why)
+		fprintf(stderr, "sbx: %s: %s\n", path, why);
+	return why ? -1 : 0;
 }
 
-/* Connect as the global options say. Returns EXIT_OK with *out set, or an exit status
- * after printing why. */
-static int open_client(const struct ctx *ctx, int wait_ms, struct sbx_client **out)
+int open_client(const struct ctx *ctx, int wait_ms, struct sbx_client **out)
 {
 	struct sbx_connect_opts opts = SBX_CONNECT_OPTS_INIT;
 	struct sbx_error err;
-	char token[TOKEN_MAX];
+	char token[4096];
 	int rc;
 
 	if (!ctx->target || !*ctx->target)
@@ -393,7 +393,7 @@ static int open_client(const struct ctx *ctx, int wait_ms, struct sbx_client **o
 	if (ctx->trace)
 		opts.trace = trace_cb;
 	rc = sbx_connect(ctx->target, &opts, out, &err) < 0 ? fail(&err, ctx->target) : EXIT_OK;
-	/* Keep the secret out of any later core dump. */
+	/* Keep the secret out of a later core dump. */
 	explicit_bzero(token, sizeof(token));
 	return rc;
 }
@@ -411,8 +411,9 @@ static int cmd_ping(struct ctx *ctx, int argc, char **argv)
 	const struct sbx_server_info *si;
 	struct sbx_client *c;
 	struct sbx_error err;
-	unsigned long count = 1, i;
 	uint64_t *rtt = NULL, ns;
+	long count = 1, i;
+	char *end;
 	int opt, wait_ms = 0, rc;
 
 	while ((opt = getopt_long(argc, argv, ":w:c:h", longopts, NULL)) != -1) {
@@ -422,18 +423,17 @@ static int cmd_ping(struct ctx *ctx, int argc, char **argv)
 				return usage_error(ctx, "bad --wait '%s': want seconds", optarg);
 			break;
 		case 'c':
-			if (parse_count(optarg, PING_COUNT_MAX, &count) < 0)
+			count = strtol(optarg, &end, 10);
+			if (end == optarg || *end || count < 1 || count > PING_COUNT_MAX)
 				return usage_error(ctx, "bad count '%s': want 1..%d", optarg, PING_COUNT_MAX);
 			break;
-		case 'h':
-			return show_cmd_help(ctx->cmd);
 		default:
-			return bad_option(ctx, argv, opt);
+			return other_option(ctx, argv, opt);
 		}
 	}
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
 		return rc;
-	if (ctx->json && !(rtt = calloc(count, sizeof(*rtt)))) {
+	if (ctx->json && !(rtt = calloc((size_t)count, sizeof(*rtt)))) {
 		fprintf(stderr, "sbx: out of memory\n");
 		return EXIT_FAIL;
 	}
@@ -456,10 +456,10 @@ static int cmd_ping(struct ctx *ctx, int argc, char **argv)
 	}
 	if (rc == EXIT_OK && rtt) {
 		fputs("{\"shim_version\":", stdout);
-		json_str(stdout, si->shim_version);
+		json_str(si->shim_version);
 		printf(",\"protocol_version\":%u,\"pid\":%u,\"pid1\":%s,\"uid\":%u,\"hostname\":", si->protocol_version,
 		       si->pid, si->pid1 ? "true" : "false", si->uid);
-		json_str(stdout, si->hostname);
+		json_str(si->hostname);
 		fputs(",\"rtt_ms\":[", stdout);
 		for (i = 0; i < count; i++)
 			printf("%s%.3f", i ? "," : "", (double)rtt[i] / 1e6);
@@ -472,12 +472,17 @@ static int cmd_ping(struct ctx *ctx, int argc, char **argv)
 
 static void info_text(const struct sbx_info *in)
 {
-	char buf[64];
+	uint64_t s = in->uptime_ms / 1000;
+	char buf[32];
 
 	kv("shim version", "%s", in->shim_version);
 	kv("protocol", "%u", in->protocol_version);
 	kv("features", "%s", in->features);
-	kv("uptime", "%s", fmt_uptime(in->uptime_ms, buf, sizeof(buf)));
+	if (s >= 86400)
+		kv("uptime", "%" PRIu64 "d %02u:%02u:%02u", s / 86400, (unsigned)(s / 3600 % 24),
+		   (unsigned)(s / 60 % 60), (unsigned)(s % 60));
+	else
+		kv("uptime", "%02u:%02u:%02u", (unsigned)(s / 3600), (unsigned)(s / 60 % 60), (unsigned)(s % 60));
 	kv("pid", "%u", in->pid);
 	kv("pid1", "%s", in->pid1 ? "yes" : "no");
 	kv("uid/gid", "%u/%u", in->uid, in->gid);
@@ -495,56 +500,42 @@ static void info_text(const struct sbx_info *in)
 
 static void info_json(const struct sbx_info *in)
 {
-	const char *p = in->features, *end;
-	int first = 1, i;
+	const char *p = in->features, *sep = "";
+	size_t n;
+	int i;
 
 	fputs("{\"shim_version\":", stdout);
-	json_str(stdout, in->shim_version);
+	json_str(in->shim_version);
 	printf(",\"protocol_version\":%u,\"features\":[", in->protocol_version);
-	for (; *p; p = end) {
-		while (*p == ' ')
-			p++;
-		end = p + strcspn(p, " ");
-		if (end > p) {
-			char word[sizeof(in->features)];
-
-			snprintf(word, sizeof(word), "%.*s", (int)(end - p), p);
-			fputs(first ? "" : ",", stdout);
-			json_str(stdout, word);
-			first = 0;
-		}
+	for (p += strspn(p, " "); *p; p += n, p += strspn(p, " ")) {
+		n = strcspn(p, " ");
+		fputs(sep, stdout);
+		json_strn(p, n);
+		sep = ",";
 	}
 	printf("],\"uptime_ms\":%" PRIu64 ",\"pid\":%u,\"pid1\":%s,\"uid\":%u,\"gid\":%u,\"hostname\":", in->uptime_ms,
 	       in->pid, in->pid1 ? "true" : "false", in->uid, in->gid);
-	json_str(stdout, in->hostname);
+	json_str(in->hostname);
 	fputs(",\"boot_id\":", stdout);
-	json_str(stdout, in->boot_id);
+	json_str(in->boot_id);
 	printf(",\"connections\":%u,\"streams\":%u,\"processes\":%u,\"mounts\":%u,\"rss_bytes\":%" PRIu64 ",\"load\":[",
 	       in->connections, in->streams, in->processes, in->mounts, in->rss_bytes);
-	for (i = 0; i < 3; i++) {
-		fputs(i ? "," : "", stdout);
-		json_num(stdout, in->load[i], 2);
-	}
+	/* JSON has no NaN or infinity. */
+	for (i = 0; i < 3; i++)
+		printf(isfinite(in->load[i]) ? "%s%.2f" : "%snull", i ? "," : "", in->load[i]);
 	printf("],\"max_connections\":%u,\"max_streams\":%u,\"workers\":%u}\n", in->max_connections, in->max_streams,
 	       in->workers);
 }
 
 static int cmd_info(struct ctx *ctx, int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	struct sbx_client *c;
 	struct sbx_error err;
 	struct sbx_info in;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-		if (opt == 'h')
-			return show_cmd_help(ctx->cmd);
-		return bad_option(ctx, argv, opt);
-	}
+	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+		return other_option(ctx, argv, opt);
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
@@ -568,22 +559,15 @@ static int cmd_info(struct ctx *ctx, int argc, char **argv)
 
 static int cmd_decode(struct ctx *ctx, int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	struct sbx_decoder *d;
 	const char *path = "-";
 	unsigned char buf[65536];
 	FILE *f = stdin;
-	int opt, rc = EXIT_OK;
+	int opt, rc;
 	size_t n;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-		if (opt == 'h')
-			return show_cmd_help(ctx->cmd);
-		return bad_option(ctx, argv, opt);
-	}
+	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+		return other_option(ctx, argv, opt);
 	if (optind < argc)
 		path = argv[optind++];
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
@@ -597,18 +581,19 @@ static int cmd_decode(struct ctx *ctx, int argc, char **argv)
 		rc = EXIT_FAIL;
 		goto out;
 	}
-	while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
+	/* Stop once stdout is gone (SIGPIPE is ignored), or "| head" on a pipe never ends. */
+	while (!ferror(stdout) && (n = fread(buf, 1, sizeof(buf), f)) > 0) {
 		if (sbx_decoder_feed(d, buf, n) < 0) {
 			fprintf(stderr, "sbx: %s: not a valid frame stream\n", path);
 			rc = EXIT_FAIL;
 			break;
 		}
 	}
-	if (rc == EXIT_OK && ferror(f)) {
+	if (ferror(f)) {
 		fprintf(stderr, "sbx: %s: read error\n", path);
 		rc = EXIT_FAIL;
 	}
-	/* A capture cut off mid-frame is normal; the decoder just reports the leftover. */
+	/* A capture cut off mid-frame is normal: the decoder just reports the leftover. */
 	sbx_decoder_free(d);
 out:
 	if (f != stdin)
@@ -616,7 +601,7 @@ out:
 	return rc;
 }
 
-/* Cheap pseudo-random bytes (xorshift64*), so compressing transports cannot cheat. */
+/* Cheap pseudo-random bytes (xorshift64*), so that a compressing transport cannot flatter. */
 static void fill_random(unsigned char *p, size_t len)
 {
 	uint64_t x = (now_ns() ^ ((uint64_t)getpid() << 32)) | 1, v;
@@ -638,26 +623,21 @@ static int cmd_echo(struct ctx *ctx, int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
+	unsigned char *data = NULL, *back = NULL;
 	struct sbx_client *c;
 	struct sbx_error err;
-	unsigned char *data = NULL, *back = NULL;
 	size_t size = 1 << 20, i;
-	uint64_t t0, t1;
+	uint64_t t0, t1, v;
 	double secs, mbps;
-	char hb[32];
+	char buf[32];
 	int opt, rc;
 
 	while ((opt = getopt_long(argc, argv, ":s:h", longopts, NULL)) != -1) {
-		switch (opt) {
-		case 's':
-			if (parse_size(optarg, &size) < 0)
-				return usage_error(ctx, "bad --size '%s': want BYTES[K|M|G]", optarg);
-			break;
-		case 'h':
-			return show_cmd_help(ctx->cmd);
-		default:
-			return bad_option(ctx, argv, opt);
-		}
+		if (opt != 's')
+			return other_option(ctx, argv, opt);
+		if (parse_size(optarg, &v) < 0 || v > SIZE_MAX)
+			return usage_error(ctx, "bad --size '%s': want BYTES[K|M|G]", optarg);
+		size = (size_t)v;
 	}
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
 		return rc;
@@ -694,7 +674,7 @@ static int cmd_echo(struct ctx *ctx, int argc, char **argv)
 	if (ctx->json)
 		printf("{\"bytes\":%zu,\"seconds\":%.6f,\"mb_per_s\":%.2f}\n", size, secs, mbps);
 	else
-		printf("echoed %zu bytes (%s) in %.3f s: %.2f MB/s\n", size, fmt_bytes(size, hb, sizeof(hb)), secs,
+		printf("echoed %zu bytes (%s) in %.3f s: %.2f MB/s\n", size, fmt_bytes(size, buf, sizeof(buf)), secs,
 		       mbps);
 out:
 	sbx_client_close(c);
@@ -703,33 +683,155 @@ out:
 	return rc;
 }
 
-static int cmd_help(struct ctx *ctx, int argc, char **argv)
-{
-	const struct command *cmd;
-
-	if (argc > 2)
-		return usage_error(ctx, "unexpected argument '%s'", argv[2]);
-	if (argc < 2) {
-		print_help(stdout);
-		return EXIT_OK;
-	}
-	if (!(cmd = find_command(argv[1])))
-		return usage_error(ctx, "unknown command '%s'", argv[1]);
-	return show_cmd_help(cmd);
-}
-
 static const struct command commands[] = {
 	{"ping", cmd_ping, "[--wait SECONDS] [-c COUNT]",
-	 "Connect (retrying for up to --wait seconds while the shim is not up yet: a readiness\n"
-	 "check) and send COUNT pings (default 1), printing each round trip."},
+	 "Connect, retrying for up to --wait seconds while the shim is not up yet (a readiness\n"
+	 "check), then send COUNT pings (default 1) and print each round trip."},
 	{"info", cmd_info, "", "Show the shim's versions, features, identity, load, counters and limits."},
 	{"decode", cmd_decode, "[FILE]",
 	 "Print one line per frame of a captured raw byte stream (FILE or stdin, e.g. what\n"
 	 "'socat -r FILE' recorded). Does not connect. Exits 1 if the stream is malformed."},
 	{"echo", cmd_echo, "[--size BYTES[K|M|G]]",
-	 "Send BYTES (default 1M) of pseudo-random data through the shim's echo stream,\n"
-	 "check it comes back unchanged, and print the throughput."},
-	{"help", cmd_help, "[COMMAND]", "Show help for sbx or for COMMAND."},
+	 "Send BYTES (default 1M) of pseudo-random data through the shim's echo stream, check\n"
+	 "that it comes back unchanged, and print the throughput."},
+	/* files: paths are absolute, as the shim sees them (beneath its --root, if any) */
+	{"cat", cmd_cat, "PATH [--offset N] [--length N]",
+	 "Write the file's bytes (--length N of them, from byte --offset N; N may have a K/M/G\n"
+	 "suffix) to stdout, streamed. If the read fails part way, stdout has exactly the bytes\n"
+	 "read before the error and the exit status is 1."},
+	{"put", cmd_put, "PATH [--mode 0644] [--append] [--exclusive] [--parents] [--no-atomic]",
+	 "Write stdin to the file. By default atomically: the bytes go to a temporary file that\n"
+	 "replaces PATH only when all arrived, so a failure or an interrupt leaves the old file.\n"
+	 "  --mode MODE   octal permissions (default: keep the old file's, 0644 for a new one)\n"
+	 "  --append      append in place\n"
+	 "  --exclusive   fail with EEXIST if PATH exists\n"
+	 "  --parents     create missing parent directories\n"
+	 "  --no-atomic   truncate and write in place\n"
+	 "Prints nothing; with --json, the stat of the file written (as 'stat' prints it)."},
+	{"stat", cmd_stat, "[-L] PATH",
+	 "Show type, size, mode, owner, links, inode, device, times (RFC 3339, UTC, with\n"
+	 "nanoseconds) and, for a symlink, its target. -L: the file a symlink points to.\n"
+	 "With --json, one object: times as RFC 3339 strings and as *_sec/*_nsec numbers,\n"
+	 "mode as a number and as an octal string, link_target null unless a symlink."},
+	{"exists", cmd_exists, "PATH",
+	 "Print nothing; exit 0 if PATH exists (a dangling symlink does), 1 if not, 3 if the\n"
+	 "shim cannot be reached. Other errors (EACCES...) are printed and exit 1."},
+	{"ls", cmd_ls, "[-l] [-a] [-R] [--depth N] PATH",
+	 "List a directory, one name per line, in the order the shim reads them.\n"
+	 "  -l          also type and mode, size and mtime (UTC)\n"
+	 "  -a          include names starting with '.'\n"
+	 "  -R          recurse without limit (names relative to PATH: sub/name)\n"
+	 "  --depth N   recurse N levels (1: PATH's own entries, the default)\n"
+	 "Names are printed escaped like 'ls -b' does, except that spaces are left as they are:\n"
+	 "\\\\ for a backslash, \\n \\t ... for control characters, \\ooo (octal) for other bytes\n"
+	 "that are not printable or not valid UTF-8. With --json, one JSON object per line\n"
+	 "(NDJSON, so a huge listing streams): the name exact, the stat as 'stat --json' gives\n"
+	 "it; bytes that are not valid UTF-8 appear as \\u00XX (the byte's value)."},
+	{"mkdir", cmd_mkdir, "[-p] [-m MODE] PATH",
+	 "Create a directory (mode 0755 unless -m gives octal MODE). -p: create missing parents\n"
+	 "too, and do not fail if PATH is already a directory."},
+	{"rm", cmd_rm, "[-r] PATH", "Remove a file, symlink or empty directory; -r: a directory and all in it."},
+	{"mv", cmd_mv, "SRC DST", "Rename SRC to DST (copy, then remove, across filesystems)."},
+	{"cp", cmd_cp, "[-r] SRC DST",
+	 "Copy a file, or with -r a tree, keeping modes, times and symlinks (owners as root)."},
+	{"chmod", cmd_chmod, "MODE PATH", "Set PATH's permissions to octal MODE (e.g. 0640, 4755)."},
+	{"chown", cmd_chown, "UID[:GID] PATH",
+	 "Set PATH's owner, and group if :GID is given; ':GID' alone sets only the group.\n"
+	 "Numbers only. Follows a symlink."},
+	{"ln", cmd_ln, "[-s] TARGET LINK",
+	 "Make LINK a hard link to TARGET; -s: a symlink holding TARGET as given (may be relative)."},
+	{"readlink", cmd_readlink, "PATH",
+	 "Print a symlink's target (the bytes as they are). With --json: {\"target\": ...}."},
+	{"truncate", cmd_truncate, "-s SIZE PATH",
+	 "Set the file's size to SIZE bytes (a K/M/G/T suffix multiplies by 1024^n)."},
+	{"touch", cmd_touch, "[-d RFC3339] PATH",
+	 "Set PATH's access and modification times to now, or to the time -d gives (e.g.\n"
+	 "2024-05-01T12:34:56.123456789Z or 2024-05-01T14:34:56+02:00). Creates an empty file\n"
+	 "if PATH does not exist."},
+	{"realpath", cmd_realpath, "PATH",
+	 "Print PATH with symlinks, '.' and '..' resolved. With --json: {\"path\": ...}."},
+	{"df", cmd_df, "PATH",
+	 "Show the size, use and free space (in 1K blocks) and inodes of PATH's filesystem.\n"
+	 "With --json, one object with the statfs fields and the sizes in bytes."},
+	{"watch", cmd_watch, "[-r] PATH",
+	 "Print filesystem events on PATH (and, with -r, every directory below it, including new\n"
+	 "ones) until interrupted (SIGINT or SIGTERM: exit 0) or PATH is deleted. One line per\n"
+	 "event: 'create /path' (types: create, modify, delete, moved_from, moved_to, attrib,\n"
+	 "delete_self, overflow), the path escaped as 'ls' does. With --json, one JSON object\n"
+	 "per line: {\"type\", \"path\", \"is_dir\", \"cookie\"}. --timeout does not end a watch."},
+	/* commands and processes */
+	{"exec", cmd_exec,
+	 "[--cwd DIR] [--env K=V]... [--user U[:G]] [--timeout SECONDS] [-i] [-t] [--detach] [OPTIONS] -- ARGV...",
+	 "Run ARGV (no shell; ARGV[0] is looked up in the shim's PATH) and stream its stdout and\n"
+	 "stderr to ours, byte-exact. Exits with the command's status: its exit code, 128+N when\n"
+	 "killed by signal N, 124 when it timed out; 1 (with the error on stderr) when it cannot\n"
+	 "be started (ENOENT, EACCES, EINVAL for an unknown user...).\n"
+	 "  --cwd DIR               working directory (default /)\n"
+	 "  --env K=V               add to (or replace in) the environment; repeatable\n"
+	 "  --clear-env             start from an empty environment\n"
+	 "  --user U[:G]            run as user U (name or number), group G\n"
+	 "  --timeout SECONDS       then SIGTERM to its process group, --kill-grace (5 s), SIGKILL\n"
+	 "  --kill-grace SECONDS    the grace period after the timeout's SIGTERM\n"
+	 "  -i, --interactive       stream our stdin to the command (closed at EOF); else /dev/null\n"
+	 "  -t, --tty               run on a pseudo-terminal of our terminal's size; with -i on a\n"
+	 "                          terminal, ours is raw while it runs and resizes follow\n"
+	 "  --detach                start it in the background (it outlives us) and print its id\n"
+	 "  --name NAME             the id of a detached process (default: generated)\n"
+	 "  --no-new-privs          set no_new_privs\n"
+	 "  --drop-caps[=KEEP,...]  drop every capability (bounding set too) but those listed\n"
+	 "  --seccomp POLICY        default (the deny-list), none, or a policy file in the sandbox\n"
+	 "  --rlimit NAME=SOFT[:HARD]  nofile, nproc, as, cpu, fsize, core, stack, memlock;\n"
+	 "                          numbers (K/M/G suffixes) or 'unlimited'; repeatable\n"
+	 "  --nice N, --oom-score-adj N\n"
+	 "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the command (twice); a third\n"
+	 "kills its process group. The global --timeout is for connecting only."},
+	{"sh", cmd_sh, "[EXEC OPTIONS] 'COMMAND'",
+	 "Run COMMAND with /bin/sh -c, as 'exec' does (same options and exit statuses)."},
+	{"eval", cmd_eval, "[--interp ARGV] CODE",
+	 "Run CODE through an interpreter (--interp: a space-separated argv, default 'python3 -c';\n"
+	 "CODE is its last argument) and print what it printed. Exits with its status; when that\n"
+	 "is not 0, its stderr (printed as well) says why."},
+	{"ps", cmd_ps, "[--json]",
+	 "List the processes the shim started: ID PID STATE EXIT STARTED COMMAND. EXIT is the\n"
+	 "exit code, the signal that killed it, or 'timeout'. With --json, one array of objects."},
+	{"logs", cmd_logs, "[-f] ID",
+	 "Print what a background process wrote (the last 1 MiB of each stream, as buffered by\n"
+	 "the shim), stdout to stdout and stderr to stderr; -f: then follow until it exits."},
+	{"kill", cmd_kill, "[-s SIGNAL] ID",
+	 "Send SIGNAL (TERM, SIGKILL, 9...; default TERM) to the process's whole process group."},
+	{"wait", cmd_wait, "ID", "Wait for the process to end; exit with its status as 'exec' does."},
+	{"rmproc", cmd_rmproc, "[-k] ID", "Forget an exited process (EBUSY while it runs; -k: kill it first)."},
+	/* directory archives */
+	{"backup", cmd_backup,
+	 "DIR [-o FILE|-] [--exclude PATTERN]... [--compress zstd|gzip|none] [--level N] [--skip-unreadable] "
+	 "[--one-file-system] [--to PATH] [--json]",
+	 "Archive the directory DIR in the sandbox as a pax tar stream, written as it is made.\n"
+	 "  -o FILE            to a local FILE, atomically (a temporary file beside it, renamed\n"
+	 "                     when complete; removed on failure); -o - or no -o: to stdout,\n"
+	 "                     which must not be a terminal\n"
+	 "  --to PATH          to the file PATH inside the sandbox instead (written atomically)\n"
+	 "  --exclude PATTERN  leave out what matches the glob (tar's meaning); repeatable\n"
+	 "  --compress ALGO    zstd, gzip or none (the default)\n"
+	 "  --level N          the compression level (default: the compressor's own)\n"
+	 "  --skip-unreadable  list unreadable files in the record instead of failing\n"
+	 "  --one-file-system  leave out mount points below DIR\n"
+	 "Prints the record {id, dir, bytes, sha256, entries, source_bytes, compression, skipped,\n"
+	 "changed, created_at, to_path} as one JSON line on stderr; with --json on stdout (only\n"
+	 "when the archive goes to a file: -o FILE or --to). Names that are not valid UTF-8 show\n"
+	 "their bytes as \\u00XX. On a terminal, progress (bytes, files, rate) is shown on stderr.\n"
+	 "SIGINT/SIGTERM/SIGHUP cancel the backup (a second one exits at once)."},
+	{"restore", cmd_restore, "DIR [-i FILE|-] [--merge] [--sha256 HEX] [--from PATH] [--allow-devices] [--json]",
+	 "Restore the directory DIR in the sandbox from a tar archive (compressed or not) read\n"
+	 "from stdin (not a terminal), or from a local FILE with -i.\n"
+	 "  --from PATH      read the archive from the file PATH inside the sandbox instead\n"
+	 "  --merge          extract into DIR as it is; by default DIR is replaced atomically\n"
+	 "                   by the archive's content (extracted beside it, then swapped in)\n"
+	 "  --sha256 HEX     fail unless the archive's sha256 is HEX (checked before the swap)\n"
+	 "  --allow-devices  extract device nodes (refused by default)\n"
+	 "Refuses absolute names, '..', writing through symlinks and links leading out of DIR.\n"
+	 "A failed, refused or interrupted restore leaves DIR as it was (in replace mode).\n"
+	 "Prints nothing; with --json, {bytes, entries, sha256} on stdout. On a terminal,\n"
+	 "progress is shown on stderr."},
 };
 
 static const struct command *find_command(const char *name)
@@ -759,7 +861,7 @@ static void print_help(FILE *f)
 		   "      --version          show the versions of sbx and libsbx\n\n"
 		   "Commands:\n");
 	for (i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		fprintf(f, "  %-7s %s\n", commands[i].name, commands[i].usage);
+		fprintf(f, "  %s%s%s\n", commands[i].name, *commands[i].usage ? " " : "", commands[i].usage);
 	fprintf(f, "\nExit status: 0 success, 1 the operation failed, 2 usage error,\n"
 		   "3 cannot connect, handshake refused or protocol error.\n");
 }
@@ -790,8 +892,8 @@ int main(int argc, char **argv)
 	const struct command *cmd;
 	int opt;
 
-	/* A shim behind exec: that dies would otherwise kill us silently on the next
-	 * write; as EPIPE it becomes an ordinary error with exit status 3. */
+	/* A shim behind exec: that dies would otherwise kill us silently on our next
+	 * write to it; as EPIPE it becomes an ordinary error with its exit status. */
 	signal(SIGPIPE, SIG_IGN);
 	ctx.target = getenv("SBX_TARGET");
 	while ((opt = getopt_long(argc, argv, "+:t:h", longopts, NULL)) != -1) {
@@ -819,7 +921,7 @@ int main(int argc, char **argv)
 			printf("sbx %s (libsbx %s, protocol %d)\n", SBX_VERSION, sbx_version(), SBX_PROTOCOL_VERSION);
 			return finish(EXIT_OK);
 		default:
-			return bad_option(&ctx, argv, opt);
+			return other_option(&ctx, argv, opt);
 		}
 	}
 	if (optind >= argc)

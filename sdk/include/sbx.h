@@ -480,6 +480,87 @@ SBX_API int sbx_rmproc(struct sbx_client *c, const struct sbx_call_opts *opts, c
 SBX_API int sbx_eval(struct sbx_client *c, const struct sbx_call_opts *opts, const char *const *interp,
 		     const char *code, struct sbx_output *out, struct sbx_exit *ex, struct sbx_error *err);
 
+/* ---- backups ---- */
+
+enum sbx_compression { SBX_COMPRESS_NONE = 0, SBX_COMPRESS_GZIP = 1, SBX_COMPRESS_ZSTD = 2 };
+
+/* Progress reports along a backup or restore (bytes of archive, entries). */
+typedef void (*sbx_progress_fn)(void *ud, uint64_t bytes, uint64_t entries);
+
+struct sbx_backup_opts {
+	unsigned struct_size;        /* set by SBX_BACKUP_OPTS_INIT */
+	const char *const *excludes; /* NULL-terminated glob patterns (tar's meaning) */
+	int compression;             /* enum sbx_compression */
+	int level;                   /* 0: the default level */
+	int skip_unreadable;         /* list unreadable files in the record instead of failing */
+	int one_file_system;         /* leave out mount points below the directory */
+	const char *to_path;         /* write the archive to this file in the sandbox (sink unused) */
+	sbx_progress_fn progress;
+	void *progress_ud;
+};
+/* clang-format off */
+#define SBX_BACKUP_OPTS_INIT {sizeof(struct sbx_backup_opts), 0, 0, 0, 0, 0, 0, 0, 0}
+/* clang-format on */
+
+struct sbx_backup_record {
+	char id[40];
+	char dir[4096];
+	uint64_t bytes;
+	char sha256[65];
+	uint64_t entries;
+	uint64_t source_bytes;
+	int compression;
+	char created_at[40]; /* RFC 3339, UTC */
+	char **skipped;      /* n_skipped paths (malloc'd; sbx_backup_record_free) */
+	size_t n_skipped;
+	char **changed; /* files that changed while being read */
+	size_t n_changed;
+	char to_path[4096];
+};
+SBX_API void sbx_backup_record_free(struct sbx_backup_record *rec);
+/* The record as one JSON object (malloc'd; free(); NULL when out of memory): id, dir,
+ * bytes, sha256, entries, source_bytes, compression ("none", "gzip", "zstd"), skipped,
+ * changed, created_at, and to_path when set. Paths are JSON strings; bytes that are not
+ * valid UTF-8 appear as \u00XX (the byte's value). */
+SBX_API char *sbx_backup_record_json(const struct sbx_backup_record *rec);
+
+/* Back up dir: the archive is handed to sink chunk by chunk as the shim writes it
+ * (unless bo->to_path), and *rec (may be NULL) gets the record. */
+SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
+		       const struct sbx_backup_opts *bo, sbx_sink_fn sink, void *ud, struct sbx_backup_record *rec,
+		       struct sbx_error *err);
+/* The same into a local file, written atomically (temp + rename). */
+SBX_API int sbx_backup_to_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
+			       const struct sbx_backup_opts *bo, const char *local_path, struct sbx_backup_record *rec,
+			       struct sbx_error *err);
+
+struct sbx_restore_opts {
+	unsigned struct_size;  /* set by SBX_RESTORE_OPTS_INIT */
+	int merge;             /* extract into the directory as it is, instead of replacing it */
+	const char *sha256;    /* expected sha256 of the archive (hex), checked before the swap */
+	const char *from_path; /* read the archive from this file in the sandbox (source unused) */
+	int allow_devices;
+	sbx_progress_fn progress;
+	void *progress_ud;
+};
+/* clang-format off */
+#define SBX_RESTORE_OPTS_INIT {sizeof(struct sbx_restore_opts), 0, 0, 0, 0, 0, 0}
+/* clang-format on */
+
+struct sbx_restore_result {
+	uint64_t bytes;
+	uint64_t entries;
+	char sha256[65];
+};
+/* Restore dir from the archive source produces. Replace mode is atomic: on any
+ * failure (a refused member, a wrong sha256, a cancel) dir is left as it was. */
+SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
+			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
+			struct sbx_restore_result *res, struct sbx_error *err);
+SBX_API int sbx_restore_from_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
+				  const struct sbx_restore_opts *ro, const char *local_path,
+				  struct sbx_restore_result *res, struct sbx_error *err);
+
 /* ---- frame decoding for debugging ---- */
 
 /* Decoder for a captured raw byte stream (either direction): feed bytes, get one

@@ -6,6 +6,7 @@
 #   SHIM_STATIC_BIN=BIN  a static sandbox-shim for bench_rss (default: build-static/sandbox-shim if it exists;
 #                        tests/run-tests.sh makes it)
 #   BENCH_ECHO_MIB=N     bytes bench_echo sends, in MiB (default 256)
+#   BENCH_FILES_MIB=N    size of bench_files' big read and write, in MiB (default 1024)
 #
 # Each benchmark prints one line per figure, with its same-run baseline and the ratio.
 set -euo pipefail
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 ROOT=$(pwd)
 BUILD_DIR=${BUILD_DIR:-build}
-BENCHES=(bench_ping bench_startup bench_rss bench_echo)
+BENCHES=(bench_ping bench_startup bench_rss bench_echo bench_files bench_exec bench_backup)
 
 cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build "$BUILD_DIR" -j2 --target "${BENCHES[@]}"

@@ -1,0 +1,146 @@
+/* backup.h: backups and restores: what the loop side (op_backup.c) and the worker side
+ * (backup_walk.c, restore.c) share. */
+#ifndef SHIM_BACKUP_H
+#define SHIM_BACKUP_H
+
+#include <ev.h>
+#include <locale.h>
+#include <nettle/sha2.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "fs.h"
+#include "worker.h"
+
+struct stream;
+
+/* A job that runs whole on one worker thread (libarchive is synchronous) and talks
+ * to the loop while it runs: the loop hands it bytes or takes bytes from it under mu,
+ * and it wakes the loop with async. */
+struct bjob {
+	struct stream *st; /* NULL once the stream has gone (cancel, disconnect) */
+	struct ev_loop *loop;
+	struct work work;
+	ev_async async; /* worker -> loop: bytes ready, credit to give back */
+	ev_timer timer; /* progress events */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool cancelled;                  /* set by the loop under mu; polled by the worker (atomic load) */
+	bool finished;                   /* run() has returned (loop side) */
+	uint64_t items, bytes;           /* progress, written by the worker (atomics) */
+	uint64_t sent_items, sent_bytes; /* what the last EVENT said */
+	int rc;
+	struct shim_err err;
+};
+
+/* True once the loop has cancelled the job: the worker stops at its next check. */
+bool bjob_cancelled(struct bjob *j);
+
+/* ---- backup ---- */
+
+/* Archive bytes are handed to the loop in buffers of BK_BUF bytes, at most BK_NBUF
+ * of them at once: the worker fills one while the loop sends the others. (Measured
+ * on /usr/share: with 256 KiB buffers the walker spent a third of its time waiting
+ * for the loop, more than with 1 MiB ones.) */
+#define BK_BUF (1u << 20)
+#define BK_NBUF 3
+
+enum { BKB_FREE, BKB_FILLING, BKB_READY };
+
+struct bk_buf {
+	uint8_t *data;
+	size_t len;  /* bytes in data */
+	size_t sent; /* loop: bytes of data already queued as DATA */
+	int state;   /* under mu */
+};
+
+/* Paths for the record (skipped, changed): all counted, the first kept up to a byte
+ * budget (the record must fit in one frame anyway). */
+struct bk_list {
+	char **v;
+	size_t n, cap, bytes;
+	uint64_t total;
+};
+
+struct bk {
+	struct bjob j;
+	/* the request */
+	struct fs_path dir;
+	size_t dir_len; /* dir.abs without trailing slashes ("/" -> 0) */
+	char **excludes;
+	size_t n_excludes;
+	int compression; /* Shim__V1__Compression */
+	bool has_level;
+	int level;
+	bool skip_unreadable, one_file_system;
+	bool has_to;
+	struct fs_path to;
+	/* the handoff */
+	struct bk_buf buf[BK_NBUF];
+	unsigned fill;         /* worker: the buffer being filled */
+	unsigned head;         /* loop: the next buffer to send */
+	struct sha256_ctx sha; /* loop side when streaming, worker side with to_path */
+	/* the result (worker) */
+	uint64_t entries, source_bytes, archive_bytes;
+	struct bk_list skipped, changed;
+	char id[37];
+	char created_at[32];
+	char sha_hex[65];
+};
+
+/* On the worker: walk b->dir and write the archive through bk_output(); to a temp
+ * file beside b->to when b->has_to (renamed into place at the end). 0, or -1 with
+ * b->j.err set. */
+int bk_run(struct bk *b);
+/* On the worker: len archive bytes for the stream (copied into the handoff buffers,
+ * waiting for the loop to take them when all are full). -1 (ECANCELED) once the job
+ * is cancelled. */
+int bk_output(struct bk *b, const void *data, size_t len);
+/* On the worker: hand the buffer being filled to the loop (the end of the stream). */
+int bk_output_flush(struct bk *b);
+
+void bk_list_free(struct bk_list *l);
+
+/* ---- restore ---- */
+
+struct rs {
+	struct bjob j;
+	/* the request */
+	struct fs_path dir;
+	bool merge, allow_devices;
+	bool has_sha;
+	char want_sha[65];
+	bool has_from;
+	struct fs_path from;
+	/* the stream (under mu): DATA from the client waits in a ring as large as the
+	 * credit it may have; the worker hands libarchive one piece of it at a time */
+	uint8_t *ring;
+	size_t cap, head, len;
+	size_t held;           /* bytes from head handed to libarchive, released at its next read */
+	size_t to_grant;       /* released bytes the loop has still to give back as credit */
+	bool fin;              /* the client's FIN has come: the stream is complete */
+	struct sha256_ctx sha; /* of the stream: on the loop, or on the worker with from_path */
+	char sha_hex[65];      /* set by whoever hashed, once the stream is complete */
+	/* the result (worker) */
+	uint64_t entries, stream_bytes;
+};
+
+/* On the worker: extract the stream into r->dir (see restore.c). 0, or -1 with
+ * r->j.err set. */
+int rs_run(struct rs *r);
+/* On the worker: the next piece of the client's stream. *buf points into the ring
+ * until the next call; 0 at the end of the stream, -1 (ECANCELED) once cancelled. */
+ssize_t rs_input(struct rs *r, const void **buf);
+
+/* A C.UTF-8 LC_CTYPE locale for uselocale() on the job's thread, or (locale_t)0 if
+ * the system has none: libarchive then stores names in UTF-8 as they are (in the C
+ * locale every name with a byte >= 0x80 would be stored as raw bytes). */
+locale_t bk_utf8_locale(void);
+
+/* Lowercase hex of a sha256 digest into out[65]. */
+void bk_sha_hex(struct sha256_ctx *ctx, char out[65]);
+
+#endif

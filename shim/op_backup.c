@@ -1,0 +1,625 @@
+/* op_backup.c: directory backups and restores on the loop side: requests, the handoff with the worker, progress, results. */
+#include "backup.h"
+#include "conn.h"
+#include "frame.h"
+#include "log.h"
+#include "ops.h"
+#include "server.h"
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Each backup or restore is ONE worker job for its whole life: libarchive is
+ * synchronous, so the walker and the archive writer (or the archive reader and the
+ * extractor) run on that thread from start to end. The job and the loop meet in a
+ * small handoff under a mutex:
+ *
+ *  - backup: the worker fills BK_NBUF buffers of BK_BUF bytes in turn; a full one
+ *    is marked ready and the loop is woken (ev_async); the worker waits (condvar)
+ *    while the loop still holds the next buffer. The loop sends a ready buffer as
+ *    DATA within the client's credit and frees it. So at most BK_NBUF * BK_BUF bytes
+ *    of archive wait in the daemon, and a slow reader slows the walk.
+ *  - restore: DATA from the client is copied into a ring as large as the credit we
+ *    gave; libarchive's read callback takes one contiguous piece at a time and
+ *    releases it at its next call, and only then does the loop give that credit back.
+ *
+ * The sha256 of the stream is computed where the bytes pass: on the loop as they go
+ * out or come in (the walker thread is the busy one), or on the worker when the
+ * archive goes to or comes from a file in the sandbox (to_path / from_path).
+ *
+ * Cancel, disconnect and shutdown set a flag under the mutex and wake the worker;
+ * it notices in its next callback or between entries, cleans up (temp files, temp
+ * directories) and returns; done() then frees. Progress events go out from a timer,
+ * at most PROGRESS_INTERVAL apart, when the counts have moved.
+ */
+
+#define PROGRESS_INTERVAL 0.25
+/* restore: the stream's ring, and the most credit the client has at once */
+#define RS_RING (4u << 20)
+
+static pthread_once_t locale_once = PTHREAD_ONCE_INIT;
+static locale_t utf8_locale;
+
+static void locale_init(void)
+{
+	static const char *const names[] = {"C.UTF-8", "C.utf8", "en_US.UTF-8"};
+	for (size_t i = 0; i < ARRAY_SIZE(names) && utf8_locale == (locale_t)0; i++)
+		utf8_locale = newlocale(LC_CTYPE_MASK, names[i], (locale_t)0);
+}
+
+locale_t bk_utf8_locale(void)
+{
+	pthread_once(&locale_once, locale_init);
+	return utf8_locale;
+}
+
+bool bjob_cancelled(struct bjob *j)
+{
+	return __atomic_load_n(&j->cancelled, __ATOMIC_ACQUIRE);
+}
+
+void bk_sha_hex(struct sha256_ctx *ctx, char out[65])
+{
+	uint8_t d[SHA256_DIGEST_SIZE];
+	sha256_digest(ctx, sizeof(d), d);
+	static const char hex[] = "0123456789abcdef";
+	for (size_t i = 0; i < sizeof(d); i++) {
+		out[2 * i] = hex[d[i] >> 4];
+		out[2 * i + 1] = hex[d[i] & 15];
+	}
+	out[64] = '\0';
+}
+
+static void progress_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct bjob *j = container_of(w, struct bjob, timer);
+	uint64_t items = __atomic_load_n(&j->items, __ATOMIC_RELAXED);
+	uint64_t bytes = __atomic_load_n(&j->bytes, __ATOMIC_RELAXED);
+	if (j->st == NULL || (items == j->sent_items && bytes == j->sent_bytes))
+		return;
+	j->sent_items = items;
+	j->sent_bytes = bytes;
+	Shim__V1__Progress p = SHIM__V1__PROGRESS__INIT;
+	p.has_bytes = p.has_items = 1;
+	p.bytes = bytes;
+	p.items = items;
+	Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
+	ev.kind_case = SHIM__V1__EVENT__KIND_PROGRESS;
+	ev.progress = &p;
+	uint8_t buf[64];
+	size_t n = shim__v1__event__pack(&ev, buf); /* two varints: well below 64 bytes */
+	conn_send(j->st->conn, j->st->id, FRAME_EVENT, 0, buf, n);
+}
+
+static void bjob_start(struct bjob *j, struct stream *st, void (*async_cb)(struct ev_loop *, ev_async *, int),
+		       work_fn run, work_fn done)
+{
+	j->st = st;
+	j->loop = st->conn->srv->loop;
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	ev_async_init(&j->async, async_cb);
+	ev_async_start(j->loop, &j->async);
+	ev_timer_init(&j->timer, progress_cb, PROGRESS_INTERVAL, PROGRESS_INTERVAL);
+	ev_timer_start(j->loop, &j->timer);
+	j->work.run = run;
+	j->work.done = done;
+	worker_submit(&j->work);
+}
+
+/* The loop is done with the job's watchers (its run() has returned). */
+static void bjob_stop(struct bjob *j)
+{
+	ev_async_stop(j->loop, &j->async);
+	ev_timer_stop(j->loop, &j->timer);
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+}
+
+/* The stream is going away: tell the worker, which cleans up and returns. Returns
+ * true when run() has already returned (the caller frees now; no done() follows). */
+static bool bjob_cancel(struct bjob *j)
+{
+	j->st = NULL;
+	ev_timer_stop(j->loop, &j->timer);
+	pthread_mutex_lock(&j->mu);
+	__atomic_store_n(&j->cancelled, true, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	if (j->finished)
+		return true;
+	/* a read stuck on a hung filesystem gets EINTR */
+	worker_interrupt(&j->work);
+	return false;
+}
+
+/* ================================ backup ================================ */
+
+static void bk_free(struct bk *b)
+{
+	for (unsigned i = 0; i < BK_NBUF; i++)
+		free(b->buf[i].data);
+	for (size_t i = 0; i < b->n_excludes; i++)
+		free(b->excludes[i]);
+	free(b->excludes);
+	bk_list_free(&b->skipped);
+	bk_list_free(&b->changed);
+	free(b);
+}
+
+void bk_list_free(struct bk_list *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+	memset(l, 0, sizeof(*l));
+}
+
+/* Worker: the buffer being filled is complete; hand it over and wait for the next. */
+static int bk_hand_over(struct bk *b, bool wait_next)
+{
+	struct bjob *j = &b->j;
+	pthread_mutex_lock(&j->mu);
+	b->buf[b->fill].state = BKB_READY;
+	ev_async_send(j->loop, &j->async);
+	if (!wait_next) {
+		pthread_mutex_unlock(&j->mu);
+		return 0;
+	}
+	unsigned next = (b->fill + 1) % BK_NBUF;
+	while (b->buf[next].state != BKB_FREE && !j->cancelled)
+		pthread_cond_wait(&j->cv, &j->mu);
+	bool cancelled = j->cancelled;
+	if (!cancelled) {
+		b->buf[next].state = BKB_FILLING;
+		b->buf[next].len = 0;
+		b->fill = next;
+	}
+	pthread_mutex_unlock(&j->mu);
+	return cancelled ? -1 : 0;
+}
+
+int bk_output(struct bk *b, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+	while (len > 0) {
+		struct bk_buf *x = &b->buf[b->fill];
+		size_t n = BK_BUF - x->len;
+		if (n > len)
+			n = len;
+		if (p != x->data + x->len) /* else the walker read the file there (out_area) */
+			memcpy(x->data + x->len, p, n);
+		x->len += n;
+		p += n;
+		len -= n;
+		if (x->len == BK_BUF && bk_hand_over(b, true) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+int bk_output_flush(struct bk *b)
+{
+	if (b->buf[b->fill].len == 0)
+		return 0;
+	return bk_hand_over(b, false);
+}
+
+static void bk_pump(struct stream *st);
+
+static void bk_run_work(struct work *w)
+{
+	struct bk *b = container_of(w, struct bk, j.work);
+	b->j.rc = bk_run(b);
+}
+
+/* Pack the record into a Result that fits in one frame of the connection: the lists
+ * of paths are cut short if need be (their totals say how many there were). */
+static void bk_reply(struct bk *b, struct stream *st)
+{
+	Shim__V1__BackupRecord r = SHIM__V1__BACKUP_RECORD__INIT;
+	r.id = b->id;
+	r.dir.data = (uint8_t *)b->dir.abs;
+	r.dir.len = b->dir.len;
+	r.bytes = b->archive_bytes;
+	r.sha256 = b->sha_hex;
+	r.entries = b->entries;
+	r.source_bytes = b->source_bytes;
+	r.compression = (Shim__V1__Compression)b->compression;
+	r.created_at = b->created_at;
+	if (b->has_to) {
+		r.has_to_path = 1;
+		r.to_path.data = (uint8_t *)b->to.abs;
+		r.to_path.len = b->to.len;
+	}
+	r.has_skipped_count = r.has_changed_count = 1;
+	r.skipped_count = b->skipped.total;
+	r.changed_count = b->changed.total;
+	size_t nsk = b->skipped.n, nch = b->changed.n;
+	ProtobufCBinaryData *sk = calloc(nsk + nch + 1, sizeof(*sk));
+	if (sk == NULL)
+		nsk = nch = 0;
+	ProtobufCBinaryData *ch = sk + nsk;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_BACKUP;
+	res.backup = &r;
+	size_t budget = st->conn->max_frame;
+	size_t used = shim__v1__result__get_packed_size(&res) + 32;
+	for (size_t i = 0; i < nsk; i++) {
+		size_t len = strlen(b->skipped.v[i]);
+		if (used + len + 8 > budget)
+			break;
+		used += len + 8;
+		sk[r.n_skipped++] = (ProtobufCBinaryData){len, (uint8_t *)b->skipped.v[i]};
+	}
+	for (size_t i = 0; i < nch; i++) {
+		size_t len = strlen(b->changed.v[i]);
+		if (used + len + 8 > budget)
+			break;
+		used += len + 8;
+		ch[r.n_changed++] = (ProtobufCBinaryData){len, (uint8_t *)b->changed.v[i]};
+	}
+	r.skipped = sk;
+	r.changed = ch;
+	op_end(st, &res);
+	free(sk);
+}
+
+/* Loop: the job is over and every byte it produced has been sent. */
+static void bk_finish(struct bk *b)
+{
+	struct stream *st = b->j.st;
+	b->j.st = NULL;
+	bjob_stop(&b->j);
+	if (b->j.rc < 0) {
+		stream_fail(st, &b->j.err);
+	} else {
+		if (!b->has_to) {
+			bk_sha_hex(&b->sha, b->sha_hex);
+			stream_send_data(st, NULL, 0, true);
+		}
+		bk_reply(b, st);
+	}
+	bk_free(b);
+}
+
+static void bk_done(struct work *w)
+{
+	struct bk *b = container_of(w, struct bk, j.work);
+	b->j.finished = true;
+	if (b->j.st == NULL) {
+		bjob_stop(&b->j);
+		bk_free(b);
+		return;
+	}
+	if (b->j.rc < 0) {
+		/* what is still queued would only be a partial archive */
+		bk_finish(b);
+		return;
+	}
+	bk_pump(b->j.st);
+}
+
+/* Loop: send the ready buffers in order, within credit; free each one sent. */
+static void bk_pump(struct stream *st)
+{
+	struct bk *b = st->op_data;
+	struct bjob *j = &b->j;
+	for (;;) {
+		struct bk_buf *x = &b->buf[b->head];
+		pthread_mutex_lock(&j->mu);
+		int state = x->state;
+		pthread_mutex_unlock(&j->mu);
+		if (state != BKB_READY)
+			break;
+		/* a ready buffer is the loop's until it is marked free again */
+		while (x->sent < x->len) {
+			size_t n = stream_can_send(st);
+			if (n == 0) {
+				stream_wait_writable(st);
+				return;
+			}
+			if (n > x->len - x->sent)
+				n = x->len - x->sent;
+			sha256_update(&b->sha, n, x->data + x->sent);
+			stream_send_data(st, x->data + x->sent, n, false);
+			x->sent += n;
+		}
+		pthread_mutex_lock(&j->mu);
+		x->state = BKB_FREE;
+		x->len = x->sent = 0;
+		pthread_cond_signal(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+		b->head = (b->head + 1) % BK_NBUF;
+	}
+	if (j->finished)
+		bk_finish(b);
+}
+
+static void bk_async_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct bk *b = container_of(w, struct bk, j.async);
+	if (b->j.st != NULL)
+		bk_pump(b->j.st);
+}
+
+static void bk_cancel(struct stream *st)
+{
+	struct bk *b = st->op_data;
+	if (bjob_cancel(&b->j)) {
+		bjob_stop(&b->j);
+		bk_free(b);
+	}
+}
+
+static const struct stream_ops bk_ops = {.writable = bk_pump, .cancel = bk_cancel};
+
+int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__BackupRequest *q = req->backup;
+	struct bk *b = calloc(1, sizeof(*b));
+	if (b == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	if (fs_path_get(&q->dir, &b->dir, err) < 0)
+		goto fail;
+	b->dir_len = b->dir.len;
+	while (b->dir_len > 0 && b->dir.abs[b->dir_len - 1] == '/')
+		b->dir_len--;
+	b->compression = q->has_compression ? (int)q->compression : SHIM__V1__COMPRESSION__COMPRESSION_NONE;
+	switch (b->compression) {
+	case SHIM__V1__COMPRESSION__COMPRESSION_NONE:
+		if (q->has_level) {
+			err_set(err, EINVAL, b->dir.abs, "a compression level without compression");
+			goto fail;
+		}
+		break;
+	case SHIM__V1__COMPRESSION__COMPRESSION_GZIP:
+		if (q->has_level && (q->level < 0 || q->level > 9)) {
+			err_set(err, EINVAL, b->dir.abs, "gzip level %d out of range (0..9)", q->level);
+			goto fail;
+		}
+		break;
+	case SHIM__V1__COMPRESSION__COMPRESSION_ZSTD:
+		if (q->has_level && (q->level < -7 || q->level > 22)) {
+			err_set(err, EINVAL, b->dir.abs, "zstd level %d out of range (-7..22)", q->level);
+			goto fail;
+		}
+		break;
+	default:
+		err_set(err, EINVAL, b->dir.abs, "unknown compression %d", b->compression);
+		goto fail;
+	}
+	b->has_level = q->has_level && q->level != 0;
+	b->level = q->level;
+	b->skip_unreadable = q->has_skip_unreadable && q->skip_unreadable;
+	b->one_file_system = q->has_one_file_system && q->one_file_system;
+	if (q->has_to_path) {
+		if (fs_path_get(&q->to_path, &b->to, err) < 0)
+			goto fail;
+		b->has_to = true;
+	}
+	if (q->n_excludes > 0) {
+		b->excludes = calloc(q->n_excludes, sizeof(*b->excludes));
+		if (b->excludes == NULL) {
+			err_set(err, ENOMEM, NULL, "out of memory");
+			goto fail;
+		}
+		for (size_t i = 0; i < q->n_excludes; i++) {
+			const ProtobufCBinaryData *p = &q->excludes[i];
+			if (p->len == 0 || p->len >= PATH_MAX || memchr(p->data, '\0', p->len) != NULL) {
+				err_setn(err, EINVAL, p->data, p->len < 1000 ? p->len : 1000,
+					 "exclude pattern empty, too long or holding a NUL byte");
+				goto fail;
+			}
+			b->excludes[i] = strndup((const char *)p->data, p->len);
+			if (b->excludes[i] == NULL) {
+				err_set(err, ENOMEM, NULL, "out of memory");
+				goto fail;
+			}
+			b->n_excludes = i + 1;
+		}
+	}
+	/* the handoff buffers (with to_path, the first one buffers the file writes) */
+	for (unsigned i = 0; i < (b->has_to ? 1u : BK_NBUF); i++) {
+		b->buf[i].data = malloc(BK_BUF);
+		if (b->buf[i].data == NULL) {
+			err_set(err, ENOMEM, NULL, "out of memory");
+			goto fail;
+		}
+	}
+	b->buf[0].state = BKB_FILLING;
+	sha256_init(&b->sha);
+	st->ops = &bk_ops;
+	st->op_data = b;
+	bjob_start(&b->j, st, bk_async_cb, bk_run_work, bk_done);
+	return 0;
+fail:
+	bk_free(b);
+	return -1;
+}
+
+/* ================================ restore ================================ */
+
+static void rs_free(struct rs *r)
+{
+	free(r->ring);
+	free(r);
+}
+
+ssize_t rs_input(struct rs *r, const void **buf)
+{
+	struct bjob *j = &r->j;
+	pthread_mutex_lock(&j->mu);
+	if (r->held > 0) {
+		/* libarchive is done with the last piece: its credit can go back */
+		r->head = (r->head + r->held) % r->cap;
+		r->len -= r->held;
+		r->to_grant += r->held;
+		r->held = 0;
+		ev_async_send(j->loop, &j->async);
+	}
+	while (r->len == 0 && !r->fin && !j->cancelled)
+		pthread_cond_wait(&j->cv, &j->mu);
+	ssize_t n;
+	if (j->cancelled) {
+		n = -1;
+	} else if (r->len == 0) {
+		n = 0; /* FIN: the end of the stream */
+	} else {
+		size_t k = r->len < r->cap - r->head ? r->len : r->cap - r->head;
+		r->held = k;
+		*buf = r->ring + r->head;
+		n = (ssize_t)k;
+	}
+	pthread_mutex_unlock(&j->mu);
+	return n;
+}
+
+static int rs_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	struct rs *r = st->op_data;
+	struct bjob *j = &r->j;
+	sha256_update(&r->sha, len, buf);
+	char hex[65];
+	if (fin)
+		bk_sha_hex(&r->sha, hex);
+	pthread_mutex_lock(&j->mu);
+	/* the connection checks the credit, and the ring is as large as all credit */
+	if (len > r->cap - r->len) {
+		pthread_mutex_unlock(&j->mu);
+		return err_set(err, ENOBUFS, r->dir.abs, "restore buffer full");
+	}
+	size_t tail = (r->head + r->len) % r->cap;
+	size_t first = len < r->cap - tail ? len : r->cap - tail;
+	memcpy(r->ring + tail, buf, first);
+	memcpy(r->ring, buf + first, len - first);
+	r->len += len;
+	if (fin) {
+		memcpy(r->sha_hex, hex, sizeof(hex));
+		r->fin = true;
+	}
+	pthread_cond_signal(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	return 0;
+}
+
+static void rs_async_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct rs *r = container_of(w, struct rs, j.async);
+	pthread_mutex_lock(&r->j.mu);
+	size_t g = r->to_grant;
+	r->to_grant = 0;
+	pthread_mutex_unlock(&r->j.mu);
+	if (r->j.st != NULL && g > 0)
+		stream_grant(r->j.st, (uint32_t)g);
+}
+
+static void rs_run_work(struct work *w)
+{
+	struct rs *r = container_of(w, struct rs, j.work);
+	r->j.rc = rs_run(r);
+}
+
+static void rs_done(struct work *w)
+{
+	struct rs *r = container_of(w, struct rs, j.work);
+	struct stream *st = r->j.st;
+	r->j.finished = true;
+	r->j.st = NULL;
+	bjob_stop(&r->j);
+	if (st != NULL) {
+		if (r->j.rc < 0) {
+			stream_fail(st, &r->j.err);
+		} else {
+			Shim__V1__RestoreReply rr = SHIM__V1__RESTORE_REPLY__INIT;
+			rr.bytes = r->stream_bytes;
+			rr.entries = r->entries;
+			rr.sha256 = r->sha_hex;
+			Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+			res.kind_case = SHIM__V1__RESULT__KIND_RESTORE;
+			res.restore = &rr;
+			op_end(st, &res);
+		}
+	}
+	rs_free(r);
+}
+
+static void rs_cancel(struct stream *st)
+{
+	struct rs *r = st->op_data;
+	if (bjob_cancel(&r->j)) {
+		bjob_stop(&r->j);
+		rs_free(r);
+	}
+}
+
+static const struct stream_ops rs_ops = {.data = rs_data, .cancel = rs_cancel};
+/* from_path: the archive is read from the file; DATA from the client is an error */
+static const struct stream_ops rs_file_ops = {.cancel = rs_cancel};
+
+int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__RestoreRequest *q = req->restore;
+	struct rs *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	if (fs_path_get(&q->dir, &r->dir, err) < 0)
+		goto fail;
+	if (q->has_mode && q->mode != SHIM__V1__RESTORE_MODE__RESTORE_REPLACE &&
+	    q->mode != SHIM__V1__RESTORE_MODE__RESTORE_MERGE) {
+		err_set(err, EINVAL, r->dir.abs, "unknown restore mode %d", (int)q->mode);
+		goto fail;
+	}
+	r->merge = q->has_mode && q->mode == SHIM__V1__RESTORE_MODE__RESTORE_MERGE;
+	r->allow_devices = q->has_allow_devices && q->allow_devices;
+	if (q->sha256 != NULL && q->sha256[0] != '\0') {
+		size_t n = strlen(q->sha256);
+		bool ok = n == 64;
+		for (size_t i = 0; ok && i < n; i++) {
+			char c = q->sha256[i];
+			ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+			r->want_sha[i] = (char)(c >= 'A' && c <= 'F' ? c - 'A' + 'a' : c);
+		}
+		if (!ok) {
+			err_set(err, EINVAL, r->dir.abs, "sha256 must be 64 hex digits");
+			goto fail;
+		}
+		r->want_sha[64] = '\0';
+		r->has_sha = true;
+	}
+	if (q->has_from_path) {
+		if (fs_path_get(&q->from_path, &r->from, err) < 0)
+			goto fail;
+		r->has_from = true;
+	} else {
+		/* As large as the credit the client may have, so every byte it sends fits:
+		 * the initial window, raised to RS_RING at once. A window of 256 KiB would
+		 * make the client wait for credit every few hundred microseconds. */
+		r->cap = st->recv_left > RS_RING ? st->recv_left : RS_RING;
+		r->ring = malloc(r->cap);
+		if (r->ring == NULL) {
+			err_set(err, ENOMEM, NULL, "out of memory");
+			goto fail;
+		}
+		if (r->cap > st->recv_left)
+			stream_grant(st, (uint32_t)(r->cap - st->recv_left));
+	}
+	sha256_init(&r->sha);
+	st->ops = r->has_from ? &rs_file_ops : &rs_ops;
+	st->op_data = r;
+	bjob_start(&r->j, st, rs_async_cb, rs_run_work, rs_done);
+	return 0;
+fail:
+	rs_free(r);
+	return -1;
+}

@@ -1,0 +1,827 @@
+/* restore.c: the restore job: libarchive reads the stream, we write the tree with directory fds and refuse what would land outside dir. */
+#include "backup.h"
+#include "log.h"
+#include "restore.h"
+#include "util.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <locale.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+/*
+ * libarchive only reads here (the tar, pax and GNU formats, gzip/zstd/none found by
+ * their signatures); the tree is written by this file, not by archive_write_disk:
+ * with its SECURE_SYMLINKS check that makes an fstatat, an open and a close per
+ * component of every member's path, plus two umask() calls per member (umask is
+ * process-wide in a threaded daemon), and it works relative to the process's
+ * working directory. Here every member is resolved one component at a time from
+ * the directory being restored with openat(O_PATH|O_DIRECTORY|O_NOFOLLOW), the
+ * chain of open directories of the last member kept for the next one, and created
+ * with *at() calls that never follow a symlink. So, refused, with the member named:
+ *
+ *  - EPERM: an absolute member path, a ".." component, a path through a symlink
+ *    (one the archive created or one already in dir: the kernel refuses it, no
+ *    race), a hard link whose target is absolute or has "..", a device node unless
+ *    allow_devices, a member that would replace dir itself by a non-directory;
+ *  - ENOENT: a hard link whose target is not there (not extracted yet);
+ *  - EBADMSG: anything wrong with the bytes: not a tar archive, a damaged header, a
+ *    member whose data is cut short, a stream that ends without the end-of-archive
+ *    blocks (tar archives end with at least one zero block; libarchive alone would
+ *    take a stream cut at a member boundary for a whole archive), and a sha256 that
+ *    is not the expected one.
+ *  Errors carry the member's name (as in the archive) as their path.
+ *
+ * Replace mode (restore_swap.c) extracts into a fresh directory ".NAME.sbx-XXXXXX"
+ * beside dir, in the pending-writes journal (a daemon killed meanwhile removes it at
+ * its next start), checks the sha256, sets the directories' modes and times (deepest
+ * first), then swaps it in with one renameat2(RENAME_EXCHANGE) (a plain rename when
+ * dir did not exist) and removes the old tree, now at the temp name. Until the swap
+ * nothing in dir changes; a failure, a cancel or a disconnect before it only removes
+ * the temp directory. When dir cannot be renamed (a mount point; on overlayfs a
+ * directory from a lower layer, EXDEV) the temp directory is made inside dir (mount
+ * point) or kept beside it, and at the swap dir's old entries are removed and the
+ * new ones renamed in, one by one: still nothing changes before the archive is
+ * complete and verified, but the swap itself is not atomic.
+ *
+ * Merge mode extracts into dir as it is: existing files are replaced, directories
+ * kept; it is not atomic (a failure leaves what was extracted so far; the sha256 is
+ * checked only at the end).
+ *
+ * Kept: modes with setuid/setgid/sticky, owners by number (as root; otherwise files
+ * belong to the daemon's user), mtime and atime with nanoseconds, xattrs (those the
+ * filesystem refuses, e.g. user.* on a symlink, are skipped with a log line),
+ * symlinks, hard links, sparse files (holes stay holes), FIFOs, device nodes (with
+ * allow_devices, as root). Sockets are skipped. The files are not fsync'ed (as with
+ * tar -x): the swap is atomic for readers, not durable across a power cut.
+ */
+
+/* ---- errors ---- */
+
+int ex_fail(struct ex *x, int code, const char *fmt, ...)
+{
+	if (x->err_set)
+		return -1;
+	x->err_set = true;
+	char msg[200];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	/* the member concerned, or dir itself for the archive as a whole */
+	const char *m = x->member != NULL ? x->member : x->r->dir.abs;
+	return err_setn(&x->r->j.err, code, m, strlen(m), "restore: %s", msg);
+}
+
+/* A libarchive failure: our input's own error (a cancel, a read error of
+ * from_path) if that is what it was, else the archive is bad. */
+static int ex_fail_archive(struct ex *x, const char *what)
+{
+	if (x->input_err != 0)
+		return ex_fail(x, x->input_err, "%s: %s", what, x->input_err == ECANCELED ? "cancelled" : "read");
+	const char *msg = archive_error_string(x->a);
+	return ex_fail(x, EBADMSG, "%s: %s", what, msg ? msg : "damaged archive");
+}
+
+bool ex_cancelled(struct ex *x)
+{
+	return bjob_cancelled(&x->r->j);
+}
+
+/* ---- input ---- */
+
+static la_ssize_t read_cb(struct archive *a, void *ud, const void **buf)
+{
+	struct ex *x = ud;
+	struct rs *r = x->r;
+	ssize_t n;
+	if (r->has_from) {
+		if (ex_cancelled(x)) {
+			x->input_err = ECANCELED;
+			archive_set_error(a, ECANCELED, "cancelled");
+			return -1;
+		}
+		do
+			n = read(x->from_fd, x->from_buf, FROM_BUF);
+		while (n < 0 && errno == EINTR && !ex_cancelled(x));
+		if (n < 0) {
+			x->input_err = errno;
+			archive_set_error(a, errno, "read %s", r->from.abs);
+			return -1;
+		}
+		sha256_update(&r->sha, (size_t)n, x->from_buf);
+		*buf = x->from_buf;
+	} else {
+		n = rs_input(r, buf);
+		if (n < 0) {
+			x->input_err = ECANCELED;
+			archive_set_error(a, ECANCELED, "cancelled");
+			return -1;
+		}
+	}
+	r->stream_bytes += (uint64_t)n;
+	__atomic_store_n(&r->j.bytes, r->stream_bytes, __ATOMIC_RELAXED);
+	return n;
+}
+
+/* After the end of the archive: read the stream to its end (its sha256 covers all
+ * of it), then set r->sha_hex. */
+static int drain(struct ex *x)
+{
+	const void *buf;
+	la_ssize_t n;
+	while ((n = read_cb(x->a, x, &buf)) > 0)
+		;
+	if (n < 0)
+		return ex_fail(x, x->input_err ? x->input_err : EIO, "read the end of the stream");
+	if (x->r->has_from)
+		bk_sha_hex(&x->r->sha, x->r->sha_hex);
+	return 0;
+}
+
+/* ---- names ---- */
+
+/* The member path raw as a relative path of plain components ("." and empty ones
+ * dropped) into out: refused if absolute or with "..". */
+static int normalize(struct ex *x, const char *raw, char *out, size_t *olen, const char *what)
+{
+	if (raw == NULL || raw[0] == '\0')
+		return ex_fail(x, EBADMSG, "%s: empty name", what);
+	if (raw[0] == '/')
+		return ex_fail(x, EPERM, "%s: absolute path refused", what);
+	size_t o = 0;
+	for (const char *p = raw; *p != '\0';) {
+		while (*p == '/')
+			p++;
+		if (*p == '\0')
+			break;
+		const char *q = p;
+		while (*q != '\0' && *q != '/')
+			q++;
+		size_t len = (size_t)(q - p);
+		if (len == 1 && p[0] == '.') {
+			p = q;
+			continue;
+		}
+		if (len == 2 && p[0] == '.' && p[1] == '.')
+			return ex_fail(x, EPERM, "%s: \"..\" in the path refused", what);
+		if (len > NAME_MAX)
+			return ex_fail(x, ENAMETOOLONG, "%s: a name longer than %d bytes", what, NAME_MAX);
+		if (o + len + 1 > EX_NAME_MAX)
+			return ex_fail(x, ENAMETOOLONG, "%s: path too long", what);
+		if (o > 0)
+			out[o++] = '/';
+		memcpy(out + o, p, len);
+		o += len;
+		p = q;
+	}
+	out[o] = '\0';
+	*olen = o;
+	return 0;
+}
+
+/* ---- directories on the way ---- */
+
+/* Open the directory comp in fd, never through a symlink. create: make it if it is
+ * missing (a directory the archive implies without an entry of its own). */
+static int open_dir(struct ex *x, int fd, const char *comp, bool create)
+{
+	int nfd = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (nfd >= 0)
+		return nfd;
+	if (errno == ENOENT && create) {
+		if (mkdirat(fd, comp, 0755) < 0 && errno != EEXIST)
+			return ex_fail(x, errno, "create directory %s", comp);
+		nfd = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (nfd >= 0)
+			return nfd;
+	}
+	int e = errno;
+	if (e == ENOTDIR || e == ELOOP) {
+		struct stat st;
+		if (fstatat(fd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+			return ex_fail(x, EPERM, "the path goes through the symlink %s: refused", comp);
+		return ex_fail(x, ENOTDIR, "%s on the path is not a directory", comp);
+	}
+	if (e == ENOENT)
+		return ex_fail(x, ENOENT, "%s on the path does not exist", comp);
+	return ex_fail(x, e, "open directory %s", comp);
+}
+
+void ex_stack_close(struct ex *x, size_t keep)
+{
+	while (x->nstk > keep)
+		close(x->stk[--x->nstk].fd);
+}
+
+/* The directory holding the member path[0..plen) (its first dlen bytes name it):
+ * the stack is reused as far as it matches. *tmp is set when the fd returned is
+ * not kept in the stack (a very deep path) and must be closed by the caller. */
+static int parent_fd(struct ex *x, const char *path, size_t dlen, bool create, bool *tmp)
+{
+	*tmp = false;
+	if (dlen == 0)
+		return x->base;
+	size_t k = 0;
+	while (k < x->nstk) {
+		size_t end = x->stk[k].end;
+		if (end > dlen || memcmp(x->cur, path, end) != 0 || (end < dlen && path[end] != '/'))
+			break;
+		k++;
+	}
+	ex_stack_close(x, k);
+	size_t pos = k > 0 ? x->stk[k - 1].end + 1 : 0;
+	int fd = k > 0 ? x->stk[k - 1].fd : x->base;
+	bool fd_tmp = false;
+	memcpy(x->cur, path, dlen);
+	while (pos < dlen) {
+		size_t e = pos;
+		while (e < dlen && path[e] != '/')
+			e++;
+		char comp[NAME_MAX + 1];
+		memcpy(comp, path + pos, e - pos);
+		comp[e - pos] = '\0';
+		int nfd = open_dir(x, fd, comp, create);
+		if (fd_tmp)
+			close(fd);
+		if (nfd < 0)
+			return -1;
+		fd_tmp = x->nstk >= EX_STACK;
+		if (!fd_tmp)
+			x->stk[x->nstk++] = (struct ex_level){nfd, e};
+		fd = nfd;
+		pos = e + 1;
+	}
+	*tmp = fd_tmp;
+	return fd;
+}
+
+/* Make room at pfd/name for a new entry: remove a file, a symlink or an empty
+ * directory that is there. */
+static int clear_slot(struct ex *x, int pfd, const char *name)
+{
+	if (unlinkat(pfd, name, 0) == 0 || errno == ENOENT)
+		return 0;
+	if (errno == EISDIR || errno == EPERM) {
+		if (unlinkat(pfd, name, AT_REMOVEDIR) == 0)
+			return 0;
+		if (errno == ENOTEMPTY || errno == EEXIST)
+			return ex_fail(x, EEXIST, "a non-empty directory is in the way");
+	}
+	return ex_fail(x, errno, "remove what is in the way");
+}
+
+/* ---- metadata ---- */
+
+bool ex_xattr_skippable(int e)
+{
+	return e == ENOTSUP || e == EOPNOTSUPP || e == EPERM || e == EACCES || e == ENOSYS;
+}
+
+/* Set the member's xattrs: through fd, or (fd < 0) on pfd/name without following. */
+static int set_xattrs(struct ex *x, struct archive_entry *e, int fd, int pfd, const char *name)
+{
+	if (archive_entry_xattr_reset(e) == 0)
+		return 0;
+	const char *key;
+	const void *val;
+	size_t size;
+	char proc[64 + NAME_MAX];
+	if (fd < 0)
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d/%s", pfd, name);
+	while (archive_entry_xattr_next(e, &key, &val, &size) == ARCHIVE_OK) {
+		int rc = fd >= 0 ? fsetxattr(fd, key, val, size, 0) : lsetxattr(proc, key, val, size, 0);
+		if (rc == 0)
+			continue;
+		if (!ex_xattr_skippable(errno))
+			return ex_fail(x, errno, "set xattr %s", key);
+		if (!x->xattr_warned)
+			log_warn("restore %s: xattr %s of %s not set: %s (further ones not logged)", x->r->dir.abs, key,
+				 x->member, strerror(errno));
+		x->xattr_warned = true;
+	}
+	return 0;
+}
+
+static void entry_times(struct archive_entry *e, struct timespec ts[2])
+{
+	ts[0].tv_sec = archive_entry_atime(e);
+	ts[0].tv_nsec = archive_entry_atime_is_set(e) ? archive_entry_atime_nsec(e) : UTIME_OMIT;
+	ts[1].tv_sec = archive_entry_mtime(e);
+	ts[1].tv_nsec = archive_entry_mtime_is_set(e) ? archive_entry_mtime_nsec(e) : UTIME_OMIT;
+}
+
+/* The owner to give, or false when we leave it (not root, or it is ours already). */
+static bool want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid)
+{
+	if (!x->root)
+		return false;
+	*uid = (uid_t)archive_entry_uid(e);
+	*gid = (gid_t)archive_entry_gid(e);
+	return *uid != x->euid || *gid != x->egid || x->sgid_possible;
+}
+
+void ex_chown_failed(struct ex *x, int e)
+{
+	/* an id the user namespace does not map (EINVAL): the file stays ours */
+	log_warn("restore %s: cannot give %s its owner: %s", x->r->dir.abs, x->member, strerror(e));
+}
+
+/* Owner, xattrs, mode (after the chown, which clears set-id bits) and times of a
+ * member open as fd (a file, or a directory without its mode and times, which are
+ * set at the end). created: the mode the file got at creation. */
+static int meta_fd(struct ex *x, struct archive_entry *e, int fd, bool is_dir, mode_t created)
+{
+	uid_t uid;
+	gid_t gid;
+	bool chowned = false;
+	if (want_owner(x, e, &uid, &gid)) {
+		if (fchown(fd, uid, gid) < 0)
+			ex_chown_failed(x, errno);
+		else
+			chowned = true;
+	}
+	/* after the chown and the data: both drop security.capability */
+	if (set_xattrs(x, e, fd, -1, NULL) < 0)
+		return -1;
+	if (is_dir)
+		return 0;
+	mode_t mode = archive_entry_perm(e) & 07777;
+	if ((mode != created || !x->umask_known || (chowned && (mode & 06000))) && fchmod(fd, mode) < 0)
+		return ex_fail(x, errno, "chmod");
+	struct timespec ts[2];
+	entry_times(e, ts);
+	if (futimens(fd, ts) < 0)
+		return ex_fail(x, errno, "set times");
+	return 0;
+}
+
+static int add_fix(struct ex *x, struct archive_entry *e)
+{
+	if (x->nfix == x->capfix) {
+		size_t ncap = x->capfix ? x->capfix * 2 : 64;
+		struct dirfix *nf = realloc(x->fix, ncap * sizeof(*nf));
+		if (nf == NULL)
+			return ex_fail(x, ENOMEM, "out of memory");
+		x->fix = nf;
+		x->capfix = ncap;
+	}
+	struct dirfix *f = &x->fix[x->nfix];
+	f->path = strndup(x->path, x->plen);
+	if (f->path == NULL)
+		return ex_fail(x, ENOMEM, "out of memory");
+	f->mode = archive_entry_perm(e) & 07777;
+	entry_times(e, f->ts);
+	x->nfix++;
+	return 0;
+}
+
+/* ---- members ---- */
+
+static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+{
+	if (x->plen == 0) {
+		/* dir itself ("./"): its owner and xattrs now, mode and times at the end */
+		x->root_seen = true;
+		if (meta_fd(x, e, x->base, true, 0) < 0)
+			return -1;
+		return add_fix(x, e);
+	}
+	if (mkdirat(pfd, name, 0700) < 0) {
+		if (errno != EEXIST)
+			return ex_fail(x, errno, "mkdir");
+		struct stat st;
+		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			return ex_fail(x, errno, "lstat");
+		if (!S_ISDIR(st.st_mode)) {
+			if (clear_slot(x, pfd, name) < 0)
+				return -1;
+			if (mkdirat(pfd, name, 0700) < 0)
+				return ex_fail(x, errno, "mkdir");
+		}
+	}
+	uid_t uid;
+	gid_t gid;
+	if (want_owner(x, e, &uid, &gid) || archive_entry_xattr_count(e) > 0) {
+		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return ex_fail(x, errno, "open directory");
+		int rc = meta_fd(x, e, fd, true, 0);
+		close(fd);
+		if (rc < 0)
+			return -1;
+	}
+	return add_fix(x, e);
+}
+
+static int ex_file(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+{
+	mode_t perm = archive_entry_perm(e) & 0777;
+	int fd = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, perm);
+	if (fd < 0 && errno == EEXIST) {
+		if (clear_slot(x, pfd, name) < 0)
+			return -1;
+		fd = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, perm);
+	}
+	if (fd < 0)
+		return ex_fail(x, errno, "create");
+	int64_t end = 0;
+	for (;;) {
+		if (ex_cancelled(x)) {
+			close(fd);
+			return ex_fail(x, ECANCELED, "cancelled");
+		}
+		const void *buf;
+		size_t size;
+		la_int64_t off;
+		int rc = archive_read_data_block(x->a, &buf, &size, &off);
+		if (rc == ARCHIVE_EOF)
+			break;
+		if (rc < ARCHIVE_WARN) {
+			close(fd);
+			return ex_fail_archive(x, "read member data");
+		}
+		const uint8_t *p = buf;
+		while (size > 0) {
+			ssize_t n = pwrite(fd, p, size, (off_t)off);
+			if (n < 0) {
+				if (errno == EINTR)
+					continue;
+				int err = errno;
+				close(fd);
+				return ex_fail(x, err, "write");
+			}
+			p += n;
+			size -= (size_t)n;
+			off += n;
+		}
+		if (off > end)
+			end = off;
+	}
+	/* a sparse file's last hole, or an empty file's size */
+	if (archive_entry_size_is_set(e) && archive_entry_size(e) > end && ftruncate(fd, archive_entry_size(e)) < 0) {
+		int err = errno;
+		close(fd);
+		return ex_fail(x, err, "truncate");
+	}
+	mode_t created = x->umask_known ? (perm & ~x->umask) : perm;
+	int rc = meta_fd(x, e, fd, false, created);
+	close(fd);
+	return rc;
+}
+
+static int ex_symlink(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+{
+	const char *target = archive_entry_symlink(e);
+	if (target == NULL || target[0] == '\0')
+		return ex_fail(x, EBADMSG, "symlink without a target");
+	/* any target is fine: nothing here ever follows a symlink */
+	if (symlinkat(target, pfd, name) < 0) {
+		if (errno != EEXIST || clear_slot(x, pfd, name) < 0 || symlinkat(target, pfd, name) < 0)
+			return ex_fail(x, errno, "symlink");
+	}
+	uid_t uid;
+	gid_t gid;
+	if (want_owner(x, e, &uid, &gid) && fchownat(pfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+		ex_chown_failed(x, errno);
+	if (set_xattrs(x, e, -1, pfd, name) < 0)
+		return -1;
+	struct timespec ts[2];
+	entry_times(e, ts);
+	if (utimensat(pfd, name, ts, AT_SYMLINK_NOFOLLOW) < 0)
+		return ex_fail(x, errno, "set times");
+	return 0;
+}
+
+/* FIFOs and device nodes. */
+static int ex_node(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+{
+	mode_t type = archive_entry_filetype(e);
+	if (type != AE_IFIFO && !x->r->allow_devices)
+		return ex_fail(x, EPERM, "device node refused (allow_devices is off)");
+	mode_t perm = archive_entry_perm(e) & 0777;
+	dev_t dev = type == AE_IFIFO ? 0 : archive_entry_rdev(e);
+	if (mknodat(pfd, name, type | perm, dev) < 0) {
+		if (errno != EEXIST || clear_slot(x, pfd, name) < 0 || mknodat(pfd, name, type | perm, dev) < 0)
+			return ex_fail(x, errno, "mknod");
+	}
+	/* an O_PATH fd: opening the node itself could block (FIFO) or act (device) */
+	int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return ex_fail(x, errno, "open");
+	int rc = -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || (st.st_mode & S_IFMT) != type) {
+		ex_fail(x, EAGAIN, "replaced while being restored");
+		goto out;
+	}
+	uid_t uid;
+	gid_t gid;
+	bool chowned = false;
+	if (want_owner(x, e, &uid, &gid)) {
+		if (fchownat(fd, "", uid, gid, AT_EMPTY_PATH) < 0)
+			ex_chown_failed(x, errno);
+		else
+			chowned = true;
+	}
+	if (set_xattrs(x, e, -1, pfd, name) < 0)
+		goto out;
+	mode_t mode = archive_entry_perm(e) & 07777;
+	if ((mode != (st.st_mode & 07777) || chowned) && fs_fd_chmod(fd, mode) < 0) {
+		ex_fail(x, errno, "chmod");
+		goto out;
+	}
+	struct timespec ts[2];
+	entry_times(e, ts);
+	if (fs_fd_utimens(fd, ts) < 0) {
+		ex_fail(x, errno, "set times");
+		goto out;
+	}
+	rc = 0;
+out:
+	close(fd);
+	return rc;
+}
+
+static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
+{
+	size_t tlen;
+	if (normalize(x, raw, x->tpath, &tlen, "hard link target") < 0)
+		return -1;
+	if (tlen == 0)
+		return ex_fail(x, EPERM, "hard link to the directory itself refused");
+	if (tlen == x->plen && memcmp(x->tpath, x->path, tlen) == 0)
+		return 0; /* a link to itself: nothing to do */
+	/* the target's directory, walked on its own (the stack holds the member's) */
+	const char *slash = strrchr(x->tpath, '/');
+	const char *tname = slash ? slash + 1 : x->tpath;
+	int tfd = x->base;
+	if (slash != NULL) {
+		size_t dlen = (size_t)(slash - x->tpath);
+		for (size_t pos = 0; pos < dlen;) {
+			size_t end = pos;
+			while (end < dlen && x->tpath[end] != '/')
+				end++;
+			char comp[NAME_MAX + 1];
+			memcpy(comp, x->tpath + pos, end - pos);
+			comp[end - pos] = '\0';
+			int nfd = open_dir(x, tfd, comp, false);
+			if (tfd != x->base)
+				close(tfd);
+			if (nfd < 0) {
+				if (x->r->j.err.code == ENOENT)
+					snprintf(x->r->j.err.msg, sizeof(x->r->j.err.msg),
+						 "restore: hard link target %.200s was not extracted", x->tpath);
+				return -1;
+			}
+			tfd = nfd;
+			pos = end + 1;
+		}
+	}
+	int rc = linkat(tfd, tname, pfd, name, 0);
+	if (rc < 0 && errno == EEXIST) {
+		if (clear_slot(x, pfd, name) == 0)
+			rc = linkat(tfd, tname, pfd, name, 0);
+		else
+			rc = -2;
+	}
+	int err = errno;
+	if (tfd != x->base)
+		close(tfd);
+	if (rc == -2)
+		return -1;
+	if (rc < 0) {
+		if (err == ENOENT)
+			return ex_fail(x, ENOENT, "hard link target %.150s was not extracted", x->tpath);
+		return ex_fail(x, err, "link to %.150s", x->tpath);
+	}
+	return 0;
+}
+
+static int ex_member(struct ex *x, struct archive_entry *e)
+{
+	const char *raw = archive_entry_pathname(e);
+	x->member = raw != NULL ? raw : "";
+	if (normalize(x, raw, x->path, &x->plen, "member") < 0)
+		return -1;
+	const char *hard = archive_entry_hardlink(e);
+	mode_t type = archive_entry_filetype(e);
+	if (x->plen == 0 && (hard != NULL || type != AE_IFDIR))
+		return ex_fail(x, EPERM, "a member that would replace the directory itself refused");
+	if (type == AE_IFSOCK)
+		return 0;
+	if (hard == NULL && type != AE_IFDIR && type != AE_IFREG && type != AE_IFLNK && type != AE_IFIFO &&
+	    type != AE_IFCHR && type != AE_IFBLK) {
+		log_warn("restore %s: member %s of unknown type %o skipped", x->r->dir.abs, x->member, type);
+		return 0;
+	}
+	if ((type == AE_IFCHR || type == AE_IFBLK) && hard == NULL && !x->r->allow_devices)
+		return ex_fail(x, EPERM, "device node refused (allow_devices is off)");
+	const char *slash = strrchr(x->path, '/');
+	const char *name = slash ? slash + 1 : x->path;
+	size_t dlen = slash ? (size_t)(slash - x->path) : 0;
+	bool tmp = false;
+	int pfd = x->plen == 0 ? x->base : parent_fd(x, x->path, dlen, true, &tmp);
+	if (pfd < 0)
+		return -1;
+	int rc;
+	if (hard != NULL)
+		rc = ex_hardlink(x, pfd, name, hard);
+	else if (type == AE_IFDIR)
+		rc = ex_dir(x, e, pfd, name);
+	else if (type == AE_IFREG)
+		rc = ex_file(x, e, pfd, name);
+	else if (type == AE_IFLNK)
+		rc = ex_symlink(x, e, pfd, name);
+	else
+		rc = ex_node(x, e, pfd, name);
+	if (tmp)
+		close(pfd);
+	return rc;
+}
+
+/* Directories' modes and times, deepest (latest) first: a mode without write
+ * permission would stop what is created below it, and creating entries changes a
+ * directory's mtime. */
+static int apply_fixups(struct ex *x)
+{
+	ex_stack_close(x, 0);
+	for (size_t i = x->nfix; i-- > 0;) {
+		struct dirfix *f = &x->fix[i];
+		x->member = f->path;
+		int fd = x->base;
+		bool own = false;
+		if (f->path[0] != '\0') {
+			char *slash = strrchr(f->path, '/');
+			bool tmp = false;
+			int pfd = slash ? parent_fd(x, f->path, (size_t)(slash - f->path), false, &tmp) : x->base;
+			if (pfd < 0)
+				return -1;
+			fd = openat(pfd, slash ? slash + 1 : f->path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			int err = errno;
+			if (tmp)
+				close(pfd);
+			if (fd < 0) {
+				/* replaced by a later member: nothing to fix */
+				if (err == ENOENT || err == ENOTDIR || err == ELOOP)
+					continue;
+				return ex_fail(x, err, "open directory");
+			}
+			own = true;
+		}
+		int rc = 0;
+		if (fs_fd_chmod(fd, f->mode) < 0)
+			rc = ex_fail(x, errno, "chmod");
+		else if (fs_fd_utimens(fd, f->ts) < 0)
+			rc = ex_fail(x, errno, "set times");
+		if (own)
+			close(fd);
+		if (rc < 0)
+			return -1;
+	}
+	ex_stack_close(x, 0);
+	return 0;
+}
+
+/* ---- the job ---- */
+
+static void read_umask(struct ex *x)
+{
+	FILE *f = fopen("/proc/self/status", "re");
+	if (f == NULL)
+		return;
+	char line[128];
+	while (fgets(line, sizeof(line), f) != NULL) {
+		unsigned m;
+		if (sscanf(line, "Umask: %o", &m) == 1) {
+			x->umask = (mode_t)m;
+			x->umask_known = true;
+			break;
+		}
+	}
+	fclose(f);
+}
+
+static int extract(struct ex *x)
+{
+	struct rs *r = x->r;
+	struct archive *a = x->a = archive_read_new();
+	if (a == NULL)
+		return ex_fail(x, ENOMEM, "out of memory");
+	if (archive_read_support_format_tar(a) != ARCHIVE_OK || archive_read_support_filter_gzip(a) != ARCHIVE_OK ||
+	    archive_read_support_filter_zstd(a) != ARCHIVE_OK || archive_read_support_filter_none(a) != ARCHIVE_OK)
+		return ex_fail_archive(x, "set up the reader");
+	if (archive_read_open(a, x, NULL, read_cb, NULL) != ARCHIVE_OK)
+		return ex_fail_archive(x, "open the archive");
+	const char *last = NULL;
+	char lastbuf[256];
+	for (;;) {
+		if (ex_cancelled(x))
+			return ex_fail(x, ECANCELED, "cancelled");
+		la_int64_t before = archive_filter_bytes(a, 0);
+		struct archive_entry *e;
+		int rc = archive_read_next_header(a, &e);
+		x->member = last;
+		if (rc == ARCHIVE_EOF) {
+			/* the end-of-archive zero block(s) were read (not just the data of
+			 * the last member and its padding, < 512 bytes) */
+			if (archive_filter_bytes(a, 0) - before < 512)
+				return ex_fail(x, EBADMSG,
+					       "truncated archive: it ends without the end-of-archive blocks");
+			break;
+		}
+		if (rc < ARCHIVE_WARN || rc == ARCHIVE_RETRY)
+			return ex_fail_archive(x, last ? "after this member" : "read the first header");
+		if (ex_member(x, e) < 0)
+			return -1;
+		snprintf(lastbuf, sizeof(lastbuf), "%s", x->member);
+		last = lastbuf;
+		r->entries++;
+		__atomic_store_n(&r->j.items, r->entries, __ATOMIC_RELAXED);
+	}
+	x->member = NULL;
+	if (drain(x) < 0)
+		return -1;
+	if (r->has_sha && strcmp(r->sha_hex, r->want_sha) != 0)
+		return ex_fail(x, EBADMSG, "sha256 mismatch: the stream's is %s", r->sha_hex);
+	if (apply_fixups(x) < 0)
+		return -1;
+	x->member = NULL;
+	if (!r->merge && !x->root_seen) {
+		/* no "./" member: the new directory looks like the old one, or is new */
+		mode_t mode = x->existed ? (x->old.st_mode & 07777) : (0755 & ~(x->umask_known ? x->umask : 022));
+		if (x->existed && x->root && fchown(x->base, x->old.st_uid, x->old.st_gid) < 0)
+			ex_chown_failed(x, errno);
+		if (fchmod(x->base, mode) < 0)
+			return ex_fail(x, errno, "chmod");
+	}
+	return 0;
+}
+
+int rs_run(struct rs *r)
+{
+	struct ex *x = calloc(1, sizeof(*x));
+	if (x == NULL)
+		return err_set(&r->j.err, ENOMEM, NULL, "out of memory");
+	x->r = r;
+	x->base = x->pdfd = x->dirfd = x->from_fd = -1;
+	x->euid = geteuid();
+	x->egid = getegid();
+	x->root = x->euid == 0;
+	read_umask(x);
+	locale_t loc = bk_utf8_locale();
+	locale_t old = loc != (locale_t)0 ? uselocale(loc) : (locale_t)0;
+	int rc = -1;
+	if (r->has_from) {
+		x->from_fd = fs_open(&r->from, O_RDONLY | O_NOCTTY, 0, &r->j.err);
+		x->from_buf = malloc(FROM_BUF);
+		if (x->from_fd < 0) {
+			x->err_set = true;
+			goto out;
+		}
+		if (x->from_buf == NULL) {
+			ex_fail(x, ENOMEM, "out of memory");
+			goto out;
+		}
+		posix_fadvise(x->from_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	}
+	if (ex_prepare(x) < 0)
+		goto out;
+	if (extract(x) < 0)
+		goto out;
+	if (!r->merge && ex_swap_in(x) < 0)
+		goto out;
+	rc = 0;
+out:
+	ex_stack_close(x, 0);
+	if (x->a != NULL)
+		archive_read_free(x->a);
+	if (x->base >= 0)
+		close(x->base);
+	x->base = -1;
+	/* failed: the temp directory goes; done: the old tree (at the temp name) goes */
+	ex_drop_tmp(x);
+	if (x->dirfd >= 0)
+		close(x->dirfd);
+	if (x->pdfd >= 0)
+		close(x->pdfd);
+	if (x->from_fd >= 0)
+		close(x->from_fd);
+	free(x->from_buf);
+	for (size_t i = 0; i < x->nfix; i++)
+		free(x->fix[i].path);
+	free(x->fix);
+	free(x);
+	if (loc != (locale_t)0)
+		uselocale(old);
+	return rc;
+}

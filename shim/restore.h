@@ -1,0 +1,90 @@
+/* restore.h: what the restore job's files (restore.c, restore_swap.c) share. */
+#ifndef SHIM_RESTORE_H
+#define SHIM_RESTORE_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "backup.h"
+
+struct archive;
+struct journal_entry;
+
+#define EX_STACK 128          /* open directories kept for the current path */
+#define EX_NAME_MAX 16384     /* longest member name */
+#define FROM_BUF (256u << 10) /* from_path read size */
+
+struct dirfix {
+	char *path; /* "" for the root */
+	mode_t mode;
+	struct timespec ts[2];
+};
+
+struct ex_level {
+	int fd;
+	size_t end;
+};
+
+struct ex {
+	struct rs *r;
+	struct archive *a;
+	int base; /* the directory extracted into (O_RDONLY) */
+	bool err_set;
+	int input_err; /* errno of our read callback's failure, 0 if none */
+	/* the chain of open directories of the last parent: stk[i] is the directory
+	 * made of cur's components up to stk[i].end */
+	struct ex_level stk[EX_STACK];
+	size_t nstk;
+	char cur[EX_NAME_MAX + 1];
+	char path[EX_NAME_MAX + 1]; /* the member's normalized path */
+	size_t plen;
+	char tpath[EX_NAME_MAX + 1]; /* a hard link's normalized target */
+	const char *member;          /* as in the archive, for errors */
+	struct dirfix *fix;
+	size_t nfix, capfix;
+	bool root_seen;
+	bool umask_known;
+	mode_t umask;
+	bool root; /* we may chown */
+	uid_t euid;
+	gid_t egid;
+	bool sgid_possible; /* new entries may get a group other than egid */
+	bool xattr_warned;
+	int from_fd;
+	uint8_t *from_buf;
+	/* replace mode */
+	int pdfd; /* dir's parent */
+	char name[NAME_MAX + 1];
+	char tmp[NAME_MAX + 1];
+	int tmp_parent; /* where tmp is: pdfd, or dir itself (a mount point) */
+	int dirfd;      /* dir itself when it exists (content swap) */
+	bool existed, inplace, tmp_made;
+	struct stat old;
+	struct journal_entry *jent;
+};
+
+/* Fill the job's error (the first one only) naming the member being restored, or
+ * dir itself when none is; returns -1. */
+int ex_fail(struct ex *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+bool ex_cancelled(struct ex *x);
+/* An xattr the filesystem or our privileges refuse: skipped with a log line. */
+bool ex_xattr_skippable(int e);
+/* A chown that failed (an id the user namespace does not map): logged, not fatal. */
+void ex_chown_failed(struct ex *x, int e);
+/* Close the open directories of the stack above level keep. */
+void ex_stack_close(struct ex *x, size_t keep);
+
+/* restore_swap.c: set up x->base, the directory to extract into (merge: dir; replace:
+ * a journaled temp directory beside dir, or inside it when dir is a mount point). */
+int ex_prepare(struct ex *x);
+/* Replace mode, all extracted and verified: put the new tree in place. */
+int ex_swap_in(struct ex *x);
+/* Remove the temp directory, if any, and forget its journal entry: the new tree of
+ * a failed restore, or the old one after the swap. */
+void ex_drop_tmp(struct ex *x);
+
+#endif
