@@ -26,7 +26,8 @@ RUN apt-get update \
 	&& apt-get install -y --no-install-recommends \
 		gcc libc6-dev make cmake pkg-config binutils \
 		libev-dev libprotobuf-c-dev protobuf-c-compiler \
-		libcap-dev libseccomp-dev libarchive-dev \
+		libcap-dev libseccomp-dev libarchive-dev nettle-dev \
+		zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev \
 	&& rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -73,7 +73,36 @@ run "${SBX[@]}" --json info
 run "${SBX[@]}" echo --size 64M
 run "${SBX[@]}" --trace ping
 
-# ---- more demos go here (later issues: files, exec, backups, mounts, tunnels) ----
+section "files"
+work="$dir/work"
+run "${SBX[@]}" mkdir -p "$work/notes"
+printf 'hello from the host\n' >"$dir/hello.txt"
+echo "\$ sbx put $work/notes/hello.txt < hello.txt"
+"${SBX[@]}" put "$work/notes/hello.txt" <"$dir/hello.txt"
+run "${SBX[@]}" cat "$work/notes/hello.txt"
+run "${SBX[@]}" stat "$work/notes/hello.txt"
+run "${SBX[@]}" cp "$work/notes/hello.txt" "$work/notes/copy.txt"
+run "${SBX[@]}" ls -l "$work/notes"
+
+section "commands"
+run "${SBX[@]}" exec -- uname -sr
+run "${SBX[@]}" sh "echo out; echo err >&2; ls $work/notes | wc -l"
+echo "\$ sbx exec --timeout 0.2 -- sleep 5   # exits 124: timed out"
+rc=0
+"${SBX[@]}" exec --timeout 0.2 -- sleep 5 || rc=$?
+echo "exit status $rc"
+run "${SBX[@]}" exec --detach --name ticker -- sh -c 'for i in 1 2 3; do echo tick $i; sleep 0.1; done'
+run "${SBX[@]}" wait ticker
+run "${SBX[@]}" logs ticker
+run "${SBX[@]}" ps
+
+section "backups"
+run "${SBX[@]}" backup "$work" -o "$dir/work.tar.zst" --compress zstd --json
+run "${SBX[@]}" rm -r "$work/notes"
+run "${SBX[@]}" restore "$work" -i "$dir/work.tar.zst"
+run "${SBX[@]}" ls -R "$work"
+
+# ---- more demos go here (later issues: mounts, tunnels) ----
 # Add them above the "stop the shim" section, each under its own section header,
 # using run "${SBX[@]}" ... so the command is echoed.
 

@@ -27,6 +27,9 @@ PACKAGES=(
 	libseccomp-dev
 	libarchive-dev
 	libzstd-dev  # static archives of libarchive's compressors, for the static daemon
+	zlib1g-dev
+	liblzma-dev
+	libbz2-dev
 	liblz4-dev
 	libacl1-dev
 	nettle-dev   # sha256 of backup streams
