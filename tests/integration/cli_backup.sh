@@ -17,99 +17,10 @@ export LC_ALL=C
 T=$(mktemp -d "${TMPDIR:-/tmp}/sbx-cli-backup.XXXXXX") || exit 1
 T=$(cd "$T" && pwd -P)
 D=$T/src
-PIDS=()
-FAILS=0
-SECTION=
-
-cleanup()
-{
-	local pid
-	for pid in "${PIDS[@]}"; do
-		if kill -0 "$pid" 2>/dev/null; then
-			kill -KILL "$pid" 2>/dev/null
-			wait "$pid" 2>/dev/null
-		fi
-	done
-	rm -rf "$T"
-}
-trap cleanup EXIT
-
-# fail MESSAGE: record a failed check (with the last run's output) and go on.
-fail()
-{
-	local f
-	echo "cli_backup.sh:${BASH_LINENO[0]}: [$SECTION] $*" >&2
-	for f in "$T"/out "$T"/err; do
-		[ -s "$f" ] || continue
-		echo "---- $(basename "$f") ----" >&2
-		head -c 2000 "$f" | tail -n 10 | cat -v >&2
-	done
-	FAILS=$((FAILS + 1))
-}
-
-# start_daemon NAME ARGS...: start the daemon (stderr to $T/NAME.log) and wait for "ready"; sets DPID.
-start_daemon()
-{
-	local name=$1 i
-	shift
-	"$SHIM" --state-dir "$T/state-$name" "$@" 2>"$T/$name.log" </dev/null &
-	DPID=$!
-	PIDS+=("$DPID")
-	for ((i = 0; i < 1000; i++)); do
-		grep -qs ' ready (pid ' "$T/$name.log" && return 0
-		if ! kill -0 "$DPID" 2>/dev/null; then
-			cat "$T/$name.log" >&2
-			echo "cli_backup.sh: $name exited before it was ready" >&2
-			exit 1
-		fi
-		sleep 0.01
-	done
-	echo "cli_backup.sh: $name was not ready within 10 s" >&2
-	exit 1
-}
-
-# run WANT_STATUS ARGS...: sbx -t the daemon ARGS, stdout in $OUT (default $T/out), stderr in
-# $T/err (stdin from $IN, default /dev/null). Returns 0 if the status was WANT_STATUS.
-run()
-{
-	local want=$1 rc
-	shift
-	timeout -k 5 120 "$SBX" -t "$TARGET" "$@" <"${IN:-/dev/null}" >"${OUT:-$T/out}" 2>"$T/err"
-	rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		fail "sbx $* exited $rc, want $want"
-		return 1
-	fi
-	# under ASan/UBSan, a report must not hide behind an expected exit status 1
-	if grep -qE 'Sanitizer|runtime error:' "$T/err"; then
-		fail "sbx $*: sanitizer report"
-		return 1
-	fi
-	return 0
-}
-
-# has FILE TEXT / hasnt FILE TEXT: the last run's out or err contains TEXT (or not).
-has()
-{
-	grep -qF -- "$2" "$T/$1" || fail "$1 of the last sbx run does not contain '$2'"
-}
-hasnt()
-{
-	! grep -qF -- "$2" "$T/$1" || fail "$1 of the last sbx run contains '$2'"
-}
-
-empty()
-{
-	[ ! -s "$T/$1" ] || fail "$1 of the last sbx run is not empty: $(head -c 300 "$T/$1")"
-}
-
-# py CODE ARGS...: a python3 check; fails the test with the code's message.
-py()
-{
-	local code=$1 msg
-	shift
-	msg=$(python3 -c "$code" "$@" 2>&1) || fail "python check: $msg"
-}
+# cleanup, fail, start_daemon, run, has, hasnt, empty, py
+# shellcheck source-path=SCRIPTDIR source=cli_lib.sh
+. "$(dirname "$0")/cli_lib.sh"
+RUN_TIMEOUT=120
 
 # record_ok JSON_FILE ARCHIVE COMPRESSION: the record is one JSON object whose bytes and sha256
 # are the archive's.

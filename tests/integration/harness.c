@@ -414,9 +414,10 @@ int it_main(int argc, char **argv, const struct it_case *cases, size_t ncases)
 	return rc;
 }
 
-/* ---- daemons started through another program (added for the file tests) ---- */
+/* ---- daemons started through another program (added for the file and init tests) ---- */
 
-struct it_daemon *it_daemon_start_argv(const char *name, const char *const argv[])
+/* fork and exec argv (looked up in PATH) as daemon NAME, stderr to its log; no wait for "ready" */
+static struct it_daemon *spawn_argv(const char *name, const char *const argv[])
 {
 	CHECKF(n_daemons < MAX_DAEMONS, "too many daemons");
 	struct it_daemon *d = &daemons[n_daemons];
@@ -446,41 +447,17 @@ struct it_daemon *it_daemon_start_argv(const char *name, const char *const argv[
 	close(nullfd);
 	d->pid = pid;
 	n_daemons++;
+	return d;
+}
+
+struct it_daemon *it_daemon_start_argv(const char *name, const char *const argv[])
+{
+	struct it_daemon *d = spawn_argv(name, argv);
 	it_daemon_wait_log(d, " ready (pid ", 20000);
 	return d;
 }
 
-/* ---- daemons started through another program, not waited for (added for the init tests) ---- */
-
 struct it_daemon *it_daemon_spawn_argv(const char *name, const char *const argv[])
 {
-	CHECKF(n_daemons < MAX_DAEMONS, "too many daemons");
-	struct it_daemon *d = &daemons[n_daemons];
-	memset(d, 0, sizeof(*d));
-	snprintf(d->name, sizeof(d->name), "%s", name);
-	snprintf(d->log, sizeof(d->log), "%s/%s.log", tmpdir, name);
-	int logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	CHECKF(logfd >= 0, "open %s: %s", d->log, strerror(errno));
-	int nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	CHECK(nullfd >= 0);
-	pid_t parent = getpid();
-	pid_t pid = fork();
-	CHECKF(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		dup2(nullfd, STDIN_FILENO);
-		dup2(logfd, STDERR_FILENO);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		execvp(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	close(logfd);
-	close(nullfd);
-	d->pid = pid;
-	n_daemons++;
-	return d;
+	return spawn_argv(name, argv);
 }
