@@ -1175,7 +1175,11 @@ static int case_timeouts(void)
 	CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
 	CHECKF(ms >= 190 && ms < 1000, "a 200 ms timeout took %llu ms", (unsigned long long)ms);
 	wait_streams_idle(c);
-	/* a write stuck the same way (a FIFO without a reader is written in place) */
+	/* a write stuck the same way (a FIFO without a reader is written in place); a
+	 * FIFO of its own: the read's worker may still be in its interrupted open(),
+	 * and as a reader it would let this write's open through */
+	fifo = it_path("fifo2");
+	CHECK(mkfifo(fifo, 0600) == 0);
 	size_t big = MiB;
 	uint8_t *data = calloc(1, big);
 	CHECK(data != NULL);
