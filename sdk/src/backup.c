@@ -124,7 +124,7 @@ static Shim__V1__Result *wait_end(struct call *k, int kind, const char *path, ui
 		struct rx_item *it = sbx__call_pop(k);
 		if (it != NULL) {
 			progress_event(it, fn, ud);
-			free(it);
+			sbx__rx_free(it);
 			continue;
 		}
 		if (sbx__call_done(k))
@@ -262,7 +262,7 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 				owed = 0;
 			}
 		}
-		free(it);
+		sbx__rx_free(it);
 		if (rc == 0 && tok != NULL && sbx_cancel_fired(tok))
 			rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, dir, "cancelled");
 	}
@@ -629,7 +629,7 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 		struct rx_item *it = sbx__call_pop(k);
 		if (it != NULL) {
 			progress_event(it, o.progress, o.progress_ud);
-			free(it);
+			sbx__rx_free(it);
 			continue;
 		}
 		/* the shim may have ended already (a refused member, ENOSPC...): stop sending */

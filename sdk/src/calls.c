@@ -114,8 +114,8 @@ Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx
 			return NULL;
 		struct rx_item *it = sbx__call_pop(k);
 		if (it == NULL)
-			break; /* done */
-		free(it);      /* DATA or EVENT this caller does not want */
+			break;    /* done */
+		sbx__rx_free(it); /* DATA or EVENT this caller does not want */
 	}
 	if (k->err.kind != SBX_ERR_NONE) {
 		sbx__copy_error(err, &k->err);
@@ -254,7 +254,7 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 					rc = sbx__call_grant(k, it->len, deadline, err);
 			}
 		}
-		free(it);
+		sbx__rx_free(it);
 	}
 	if (rc == 0) {
 		Shim__V1__Result *r = sbx__wait_result(k, deadline, tok, err);

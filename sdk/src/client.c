@@ -216,9 +216,57 @@ static void unlink_call(struct sbx_client *c, struct call *k)
 	}
 }
 
+/* Received frames are copied out of the input buffer for their call. DATA comes in
+ * frames of at most FRAME_DATA_CHUNK bytes: keep a few such buffers for reuse, so a
+ * stream does not make malloc grow and trim the heap (and fault in fresh pages) for
+ * every frame. Shared by all clients; frames are freed on any thread. */
+#define RX_STD (FRAME_DATA_CHUNK + 64u)
+#define RX_SPARE_MAX 64
+static pthread_mutex_t rx_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rx_item *rx_spare;
+static unsigned rx_nspare;
+
+static struct rx_item *rx_alloc(uint32_t len)
+{
+	struct rx_item *it = NULL;
+	if (len <= RX_STD) {
+		pthread_mutex_lock(&rx_mu);
+		it = rx_spare;
+		if (it != NULL) {
+			rx_spare = it->next;
+			rx_nspare--;
+		}
+		pthread_mutex_unlock(&rx_mu);
+		if (it != NULL)
+			return it;
+	}
+	uint32_t cap = len <= RX_STD ? RX_STD : len;
+	it = malloc(sizeof(*it) + cap);
+	if (it != NULL)
+		it->cap = cap;
+	return it;
+}
+
+void sbx__rx_free(struct rx_item *it)
+{
+	if (it == NULL)
+		return;
+	if (it->cap == RX_STD) {
+		pthread_mutex_lock(&rx_mu);
+		if (rx_nspare < RX_SPARE_MAX) {
+			it->next = rx_spare;
+			rx_spare = it;
+			rx_nspare++;
+			it = NULL;
+		}
+		pthread_mutex_unlock(&rx_mu);
+	}
+	free(it);
+}
+
 static void queue_rx(struct call *k, const struct frame_hdr *h, const uint8_t *p)
 {
-	struct rx_item *it = malloc(sizeof(*it) + h->len);
+	struct rx_item *it = rx_alloc(h->len);
 	if (it == NULL) {
 		k->done = true;
 		sbx__fail(&k->err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
@@ -476,7 +524,7 @@ static void call_abandon_locked(struct call *k)
 	struct rx_item *it = k->rx_head;
 	while (it != NULL) {
 		struct rx_item *next = it->next;
-		free(it);
+		sbx__rx_free(it);
 		it = next;
 	}
 	k->rx_head = k->rx_tail = NULL;

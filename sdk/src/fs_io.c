@@ -73,7 +73,7 @@ SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts
 				owed = 0;
 			}
 		}
-		free(it);
+		sbx__rx_free(it);
 		if (rc == 0 && tok != NULL && sbx_cancel_fired(tok))
 			rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, path, "cancelled");
 	}

@@ -109,11 +109,11 @@ static int read_messages(struct call *k, uint64_t deadline, struct sbx_cancel *t
 		if (it == NULL)
 			break; /* END (or an ERROR: checked by the caller) */
 		if (it->type != FRAME_DATA) {
-			free(it); /* EVENTs: none defined for these streams; ignore */
+			sbx__rx_free(it); /* EVENTs: none defined for these streams; ignore */
 			continue;
 		}
 		if (fin && it->len > 0) {
-			free(it);
+			sbx__rx_free(it);
 			rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "DATA after FIN from the shim");
 			break;
 		}
@@ -122,11 +122,11 @@ static int read_messages(struct call *k, uint64_t deadline, struct sbx_cancel *t
 		else
 			ungranted += it->len;
 		if (delim_feed(&d, it->data, it->len) < 0) {
-			free(it);
+			sbx__rx_free(it);
 			rc = sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
 			break;
 		}
-		free(it);
+		sbx__rx_free(it);
 		const uint8_t *msg;
 		size_t len;
 		int r;

@@ -18,8 +18,11 @@ struct rx_item {
 	uint8_t type;
 	uint8_t flags;
 	uint32_t len;
+	uint32_t cap;
 	uint8_t data[];
 };
+/* Free a frame taken with sbx__call_pop(): standard-size ones are kept for reuse. */
+void sbx__rx_free(struct rx_item *it);
 
 struct call;
 /* Async completion: runs without the client lock, on whatever thread routed the

@@ -451,7 +451,7 @@ SBX_API int sbx_run(struct sbx_client *c, const struct sbx_call_opts *opts, cons
 			}
 		}
 		/* EVENT started: nothing to do for a collected run */
-		free(it);
+		sbx__rx_free(it);
 	}
 	Shim__V1__Result *r = NULL;
 	if (rc == 0)
@@ -560,7 +560,7 @@ static int proc_first(struct sbx_proc *p, uint64_t deadline, struct sbx_error *e
 			continue;
 		}
 		if (started_from(it, p->id, sizeof(p->id), &p->pid)) {
-			free(it);
+			sbx__rx_free(it);
 			return 0;
 		}
 		if (it->type == FRAME_DATA) {
@@ -568,7 +568,7 @@ static int proc_first(struct sbx_proc *p, uint64_t deadline, struct sbx_error *e
 			p->cur_off = 0;
 			return 0;
 		}
-		free(it);
+		sbx__rx_free(it);
 	}
 }
 
@@ -680,7 +680,7 @@ SBX_API long sbx_proc_read(struct sbx_proc *p, int *channel, void *buf, size_t s
 			if (p->cur_off == it->len) {
 				bool fin = (it->flags & FRAME_FLAG_FIN) != 0;
 				p->cur = NULL;
-				free(it);
+				sbx__rx_free(it);
 				/* the shim gets the credit back only now: a reader that does not
 				 * read stops the command, not the shim */
 				if (!fin && proc_grant(p, (uint32_t)p->cur_off, false, deadline, err) < 0)
@@ -705,13 +705,13 @@ SBX_API long sbx_proc_read(struct sbx_proc *p, int *channel, void *buf, size_t s
 			continue;
 		}
 		if (it->type != FRAME_DATA) {
-			free(it); /* EVENTs have no business here after started */
+			sbx__rx_free(it); /* EVENTs have no business here after started */
 			continue;
 		}
 		if (it->flags & FRAME_FLAG_FIN)
 			p->eof = true;
 		if (it->len == 0) {
-			free(it);
+			sbx__rx_free(it);
 			continue;
 		}
 		p->cur = it;
@@ -748,7 +748,7 @@ SBX_API int sbx_proc_wait(struct sbx_proc *p, struct sbx_exit *ex, struct sbx_er
 				rc = proc_grant(p, it->len, false, deadline, err);
 			if (it->type == FRAME_DATA && (it->flags & FRAME_FLAG_FIN))
 				p->eof = true;
-			free(it);
+			sbx__rx_free(it);
 			if (rc < 0)
 				return -1;
 		}
