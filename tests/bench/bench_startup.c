@@ -32,7 +32,7 @@ static size_t make_hello(uint8_t *buf)
 }
 
 /* state: a --state-dir, so that runs leave nothing behind in /run or $XDG_RUNTIME_DIR */
-static uint64_t one_start(char *state)
+static uint64_t one_start(const char *bin, char *state)
 {
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
@@ -44,15 +44,15 @@ static uint64_t one_start(char *state)
 	posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
 	posix_spawn_file_actions_adddup2(&fa, sv[1], 1);
 	posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-	char *argv[] = {SHIM_BIN, "--stdio", "--state-dir", state, NULL};
+	char *argv[] = {(char *)bin, "--stdio", "--state-dir", state, NULL};
 	uint8_t hello[64], hdr[FRAME_HDR_LEN], body[4096];
 	size_t hlen = make_hello(hello);
 
 	uint64_t t0 = bench_now_ns();
 	pid_t pid;
-	int rc = posix_spawn(&pid, SHIM_BIN, &fa, NULL, argv, environ);
+	int rc = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
 	if (rc != 0) {
-		fprintf(stderr, "bench_startup: cannot start %s: %s\n", SHIM_BIN, strerror(rc));
+		fprintf(stderr, "bench_startup: cannot start %s: %s\n", bin, strerror(rc));
 		exit(1);
 	}
 	close(sv[1]);
@@ -93,27 +93,41 @@ static uint64_t one_true(void)
 	return bench_now_ns() - t0;
 }
 
-int main(void)
+/* One daemon binary against /bin/true, alternating, so that a change in the
+ * machine's load hits both alike. */
+static void measure(const char *what, const char *bin, const char *state)
 {
 	static uint64_t shim[RUNS], bare[RUNS];
-	char dir[256], state[300];
-	signal(SIGPIPE, SIG_IGN);
-	bench_tmpdir(dir, sizeof(dir));
-	snprintf(state, sizeof(state), "%s/state", dir);
-	/* alternating, so that a change in the machine's load hits both alike */
+	char st[300];
+	snprintf(st, sizeof(st), "%s", state);
 	for (int i = 0; i < WARMUP + RUNS; i++) {
-		uint64_t s = one_start(state), b = one_true();
+		uint64_t s = one_start(bin, st), b = one_true();
 		if (i >= WARMUP) {
 			shim[i - WARMUP] = s;
 			bare[i - WARMUP] = b;
 		}
 	}
-	bench_rmdir(dir);
 	uint64_t s50 = bench_percentile(shim, RUNS, 50), s99 = bench_percentile(shim, RUNS, 99);
 	uint64_t t50 = bench_percentile(bare, RUNS, 50), t99 = bench_percentile(bare, RUNS, 99);
-	printf("startup p50: spawn to HELLO_OK %.0f us, spawn+wait /bin/true %.0f us, ratio %.2f (%d runs)\n",
+	printf("startup%s p50: spawn to HELLO_OK %.0f us, spawn+wait /bin/true %.0f us, ratio %.2f (%d runs)\n", what,
 	       s50 / 1e3, t50 / 1e3, (double)s50 / (double)t50, RUNS);
-	printf("startup p99: spawn to HELLO_OK %.0f us, spawn+wait /bin/true %.0f us, ratio %.2f (%d runs)\n",
+	printf("startup%s p99: spawn to HELLO_OK %.0f us, spawn+wait /bin/true %.0f us, ratio %.2f (%d runs)\n", what,
 	       s99 / 1e3, t99 / 1e3, (double)s99 / (double)t99, RUNS);
+}
+
+int main(void)
+{
+	char dir[256], state[300];
+	signal(SIGPIPE, SIG_IGN);
+	bench_tmpdir(dir, sizeof(dir));
+	snprintf(state, sizeof(state), "%s/state", dir);
+	measure("", SHIM_BIN, state);
+	/* the build meant for images: no dynamic linking of its libraries at start */
+	const char *st = getenv("SHIM_STATIC_BIN");
+	if (st != NULL && access(st, X_OK) == 0)
+		measure(" static", st, state);
+	else
+		printf("startup static: skipped (set SHIM_STATIC_BIN to a static sandbox-shim)\n");
+	bench_rmdir(dir);
 	return 0;
 }

@@ -3,7 +3,7 @@
 #
 #   BUILD_DIR=DIR        build there instead of build/
 #   BUILD_TYPE=TYPE      CMAKE_BUILD_TYPE (default RelWithDebInfo, as tests/run-tests.sh builds build/)
-#   SHIM_STATIC_BIN=BIN  a static sandbox-shim for bench_rss (default: build-static/sandbox-shim if it exists;
+#   SHIM_STATIC_BIN=BIN  a static sandbox-shim for bench_rss and bench_startup (default: build-static/sandbox-shim if it exists;
 #                        tests/run-tests.sh makes it)
 #   BENCH_ECHO_MIB=N     bytes bench_echo sends, in MiB (default 256)
 #   BENCH_FILES_MIB=N    size of bench_files' big read and write, in MiB (default 1024)
