@@ -73,7 +73,7 @@ struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, 
 		s->conns->prev = c;
 	s->conns = c;
 	s->n_conns++;
-	log_info("conn %s: connected", c->peer);
+	log_debug("conn %s: connected", c->peer);
 	return c;
 }
 
@@ -752,7 +752,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 			/* The client's streams are cancelled, but what is already queued for
 			 * it (HELLO_OK, PONG, END...) still goes out: a client that only shut
 			 * its write side, or a pipe into --stdio, reads the answers. */
-			log_info("conn %s: peer closed", c->peer);
+			log_debug("conn %s: peer closed", c->peer);
 			conn_drop_streams(c);
 			conn_begin_closing(c);
 			return;

@@ -224,7 +224,7 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 	shim__v1__hello_reply__pack(&r, buf);
 	c->state = CONN_READY;
 	conn_send(c, 0, FRAME_HELLO_OK, 0, buf, n);
-	log_info("conn %s: hello from %s, max frame %u", c->peer, h->client_name ? h->client_name : "?", max);
+	log_debug("conn %s: hello from %s, max frame %u", c->peer, h->client_name ? h->client_name : "?", max);
 	rc = 0;
 out:
 	shim__v1__hello__free_unpacked(h, NULL);
