@@ -445,8 +445,13 @@ size_t stream_can_send(const struct stream *st)
 
 void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin)
 {
+	stream_send_flagged(st, buf, len, fin ? FRAME_FLAG_FIN : 0);
+}
+
+void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t flags)
+{
 	st->send_credit -= (int64_t)len;
-	conn_send(st->conn, st->id, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, buf, len);
+	conn_send(st->conn, st->id, FRAME_DATA, flags, buf, len);
 }
 
 void stream_wait_writable(struct stream *st)

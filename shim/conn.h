@@ -105,6 +105,8 @@ struct stream *stream_lookup(struct conn *c, uint32_t id);
 size_t stream_can_send(const struct stream *st);
 /* Queue DATA (len <= stream_can_send(), except len 0 with fin). */
 void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin);
+/* The same with DATA flags of the op's own (FRAME_FLAG_STDERR). */
+void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t flags);
 /* Ask for a writable() call when room appears. */
 void stream_wait_writable(struct stream *st);
 /* Give the client n more bytes of DATA credit. */

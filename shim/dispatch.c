@@ -145,11 +145,6 @@ int op_reply_done(struct op_reply *reply, struct shim_err *err)
 	return op_reply_pack(reply, &res, err);
 }
 
-unsigned disp_kinds(void)
-{
-	return ARRAY_SIZE(table);
-}
-
 /* Constant-time comparison: the time taken does not depend on where the first
  * difference is, so a network peer cannot guess the token byte by byte. */
 static bool token_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)

@@ -23,7 +23,4 @@ int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct s
 /* Encode err as an Error message into buf; returns its length (at most size). */
 size_t disp_pack_error(const struct shim_err *err, uint8_t *buf, size_t size);
 
-/* Number of request kinds the table knows (for tests). */
-unsigned disp_kinds(void);
-
 #endif

@@ -94,13 +94,6 @@ static void attach_finish(struct proc_attach *a)
 	proc_unref(p);
 }
 
-/* DATA with the STDERR flag for stderr. */
-static void send_out(struct stream *st, const void *buf, size_t len, bool is_stderr)
-{
-	st->send_credit -= (int64_t)len;
-	conn_send(st->conn, st->id, FRAME_DATA, is_stderr ? FRAME_FLAG_STDERR : 0, buf, len);
-}
-
 /* Send what the client may take now; ends the stream when there is no more. */
 static void attach_pump(struct proc_attach *a)
 {
@@ -152,7 +145,7 @@ static void attach_pump(struct proc_attach *a)
 			n = (size_t)(limit - a->pos[ch]);
 		if (n > room)
 			n = room;
-		send_out(a->st, d, n, ch == 1);
+		stream_send_flagged(a->st, d, n, ch == 1 ? FRAME_FLAG_STDERR : 0);
 		a->pos[ch] += n;
 		a->last = ch;
 	}

@@ -587,13 +587,6 @@ void proc_abandon(struct proc *p)
 
 /* ---- output ---- */
 
-/* DATA with the STDERR flag for stderr (stream_send_data has no flags). */
-static void send_out(struct stream *st, const void *buf, size_t len, bool is_stderr)
-{
-	st->send_credit -= (int64_t)len;
-	conn_send(st->conn, st->id, FRAME_DATA, is_stderr ? FRAME_FLAG_STDERR : 0, buf, len);
-}
-
 /* Read a channel. Foreground: only as much as the exec stream may send (a client
  * that does not read blocks the command on its pipe), except in collect mode past
  * the cap, where bytes are read and dropped. Detached: always, into the ring. */
@@ -650,7 +643,7 @@ static void chan_read(struct proc_chan *c, int rounds)
 		} else if (drop) {
 			c->truncated = true;
 		} else {
-			send_out(p->fg, rbuf, (size_t)r, c->idx == 1);
+			stream_send_flagged(p->fg, rbuf, (size_t)r, c->idx == 1 ? FRAME_FLAG_STDERR : 0);
 			c->sent += (uint64_t)r;
 		}
 		if ((size_t)r < want)

@@ -30,7 +30,6 @@ static struct {
 	struct ev_loop *loop;
 	ev_async async;
 	struct watch *buckets[REAPER_BUCKETS];
-	unsigned n;
 	bool ready;
 } rp;
 
@@ -60,7 +59,6 @@ int reaper_watch(pid_t pid, reaper_fn fn, void *ud)
 	w->ud = ud;
 	w->next = NULL;
 	*s = w;
-	rp.n++;
 	return 0;
 }
 
@@ -72,12 +70,6 @@ void reaper_unwatch(pid_t pid)
 		return;
 	*s = w->next;
 	free(w);
-	rp.n--;
-}
-
-unsigned reaper_watched(void)
-{
-	return rp.n;
 }
 
 void reaper_poll(void)
@@ -100,7 +92,6 @@ void reaper_poll(void)
 		/* unlink first: the callback may fork and watch a new child that got the
 		 * same pid number */
 		*s = w->next;
-		rp.n--;
 		reaper_fn fn = w->fn;
 		void *ud = w->ud;
 		free(w);

@@ -18,7 +18,5 @@ int reaper_watch(pid_t pid, reaper_fn fn, void *ud);
 void reaper_unwatch(pid_t pid);
 /* Reap now what has exited (normally done on SIGCHLD). */
 void reaper_poll(void);
-/* Pids being watched. */
-unsigned reaper_watched(void);
 
 #endif
