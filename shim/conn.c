@@ -145,6 +145,7 @@ void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, con
 		return;
 	}
 	struct obuf_chunk *t = c->out_tail;
+	c->direct_rest_id = 0;
 	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
 	frame_put_hdr(t->data + t->len, &h);
 	if (len > 0)
@@ -200,6 +201,7 @@ static void conn_finish_close(struct conn *c);
 void conn_flush(struct conn *c)
 {
 	c->want_flush = false;
+	c->direct_wait = false;
 	while (c->out_head != NULL) {
 		struct iovec iov[32];
 		int n = 0;
@@ -255,7 +257,7 @@ void conn_flush(struct conn *c)
 	 * which is at once unless the peer is slow: no busy loop, no stall. */
 	if (c->state == CONN_DEAD)
 		return;
-	if (c->outlen > 0)
+	if (c->outlen > 0 || c->direct_wait)
 		ev_io_start(c->srv->loop, &c->wio);
 	else
 		ev_io_stop(c->srv->loop, &c->wio);
@@ -452,6 +454,103 @@ void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t
 {
 	st->send_credit -= (int64_t)len;
 	conn_send(st->conn, st->id, FRAME_DATA, flags, buf, len);
+}
+
+/* Drop emptied chunks from the head of the output (a reservation that was not used). */
+static void out_trim(struct conn *c)
+{
+	while (c->out_head != NULL && c->out_head->off == c->out_head->len) {
+		struct obuf_chunk *k = c->out_head;
+		c->out_head = k->next;
+		if (c->out_head == NULL)
+			c->out_tail = NULL;
+		chunk_put(k);
+	}
+}
+
+#define DIRECT_FRAMES 16
+
+size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy)
+{
+	struct conn *c = st->conn;
+	*busy = false;
+	if (c->state != CONN_READY || st->send_credit <= 0 || len == 0)
+		return 0;
+	if (c->outlen > 0) {
+		if (c->direct_rest_id != st->id)
+			return 0;
+		/* only our own frame's rest is queued: wait for it rather than copy
+		 * behind it (writable() comes once the queue is empty) */
+		*busy = true;
+		stream_wait_writable(st);
+		return 0;
+	}
+	size_t chunk = FRAME_DATA_CHUNK < c->max_frame ? FRAME_DATA_CHUNK : c->max_frame;
+	if ((uint64_t)st->send_credit < len)
+		len = (size_t)st->send_credit;
+	/* room for the rest of a frame the socket takes only part of, reserved before
+	 * writing: after a partial frame the connection must get the rest */
+	out_trim(c);
+	if (out_reserve(c, FRAME_HDR_LEN + chunk) < 0)
+		return 0;
+	uint8_t hdr[DIRECT_FRAMES][FRAME_HDR_LEN];
+	struct iovec iov[2 * DIRECT_FRAMES];
+	size_t flen[DIRECT_FRAMES];
+	int nf = 0;
+	const uint8_t *p = buf;
+	for (size_t off = 0; off < len && nf < DIRECT_FRAMES; nf++) {
+		size_t n = len - off < chunk ? len - off : chunk;
+		struct frame_hdr h = {.len = (uint32_t)n, .stream = st->id, .type = FRAME_DATA};
+		frame_put_hdr(hdr[nf], &h);
+		iov[2 * nf] = (struct iovec){hdr[nf], FRAME_HDR_LEN};
+		iov[2 * nf + 1] = (struct iovec){(void *)(p + off), n};
+		flen[nf] = n;
+		off += n;
+	}
+	ssize_t w;
+	do
+		w = writev(c->wfd, iov, 2 * nf);
+	while (w < 0 && errno == EINTR);
+	if (w <= 0) {
+		out_trim(c);
+		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			*busy = true;
+			c->direct_wait = true;
+			ev_io_start(c->srv->loop, &c->wio);
+			stream_wait_writable(st);
+		}
+		/* other errors: the queued path meets them again and closes */
+		return 0;
+	}
+	size_t used = 0, left = (size_t)w;
+	for (int i = 0; i < nf && left > 0; i++) {
+		size_t fl = FRAME_HDR_LEN + flen[i];
+		used += flen[i];
+		if (left >= fl) {
+			left -= fl;
+			continue;
+		}
+		/* the socket took `left` bytes of this frame: the rest goes into the
+		 * reserved room (a header part, then the payload) */
+		struct obuf_chunk *t = c->out_tail;
+		const uint8_t *payload = iov[2 * i + 1].iov_base;
+		size_t skip = 0;
+		if (left < FRAME_HDR_LEN) {
+			memcpy(t->data + t->len, hdr[i] + left, FRAME_HDR_LEN - left);
+			t->len += FRAME_HDR_LEN - left;
+		} else {
+			skip = left - FRAME_HDR_LEN;
+		}
+		memcpy(t->data + t->len, payload + skip, flen[i] - skip);
+		t->len += flen[i] - skip;
+		c->outlen += fl - left;
+		c->direct_rest_id = st->id;
+		c->want_flush = true;
+		break;
+	}
+	out_trim(c);
+	st->send_credit -= (int64_t)used;
+	return used;
 }
 
 void stream_wait_writable(struct stream *st)

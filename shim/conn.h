@@ -62,6 +62,8 @@ struct conn {
 	bool ping_out;
 	bool need_token;
 	bool want_flush;
+	bool direct_wait;        /* a stream_send_direct() found the socket full: wio is ours too */
+	uint32_t direct_rest_id; /* the stream whose frame rest is all the output queued (0: none) */
 	char peer[96];
 
 	uint8_t *in;
@@ -107,6 +109,15 @@ size_t stream_can_send(const struct stream *st);
 void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin);
 /* The same with DATA flags of the op's own (FRAME_FLAG_STDERR). */
 void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t flags);
+/* Zero-copy DATA for a producer whose buffer stays put until this returns: when
+ * nothing is queued on the connection, frames of buf (up to len and the stream's
+ * credit) are written straight to the peer, headers and payload in one writev; the
+ * rest of a frame the peer took only part of is queued. Returns the payload bytes
+ * consumed (count them as sent). 0: nothing went; *busy then says the socket is full
+ * or the queue holds only the rest of this stream's last frame (the stream is
+ * registered for writable(), as by stream_wait_writable), else use stream_can_send()
+ * and stream_send_data() (other output queued: streams take turns; or no credit). */
+size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy);
 /* Ask for a writable() call when room appears. */
 void stream_wait_writable(struct stream *st);
 /* Give the client n more bytes of DATA credit. */

@@ -53,6 +53,17 @@ static const struct disp_entry table[] = {
 	{SHIM__V1__REQUEST__KIND_RESIZE, "resize", op_resize, NULL},
 	{SHIM__V1__REQUEST__KIND_BACKUP, "backup", op_backup, NULL},
 	{SHIM__V1__REQUEST__KIND_RESTORE, "restore", op_restore, NULL},
+	/* mounts */
+	{SHIM__V1__REQUEST__KIND_MOUNT, "mount", op_mount, NULL},
+	{SHIM__V1__REQUEST__KIND_MOUNTS, "mounts", op_mounts, NULL},
+	{SHIM__V1__REQUEST__KIND_UNMOUNT, "unmount", op_unmount, NULL},
+	/* tunnels */
+	{SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen", op_tunnel_listen, NULL},
+	{SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward", op_tunnel_forward, NULL},
+	{SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT, "tunnel_connect", op_tunnel_connect, NULL},
+	{SHIM__V1__REQUEST__KIND_TUNNEL_ACCEPT, "tunnel_accept", op_tunnel_accept, NULL},
+	{SHIM__V1__REQUEST__KIND_TUNNELS, "tunnels", op_tunnel_list, NULL},
+	{SHIM__V1__REQUEST__KIND_TUNNEL_CLOSE, "tunnel_close", op_tunnel_close, NULL},
 };
 
 /* ---- blocking operations ---- */

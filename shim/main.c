@@ -34,6 +34,8 @@ static void usage(FILE *f)
 		   "  --listen unix:PATH       unix socket, created 0600\n"
 		   "  --listen tcp:HOST:PORT   TCP (needs --token-file or --insecure-no-token)\n"
 		   "  --listen vsock:CID:PORT  AF_VSOCK; CID -1 listens on any CID\n"
+		   "  --listen-optional ADDR   like --listen, but skipped (logged) where the transport\n"
+		   "                           is absent: vsock without /dev/vsock or AF_VSOCK\n"
 		   "\n"
 		   "security:\n"
 		   "  --token-file FILE        clients must present this token (tcp, unix, vsock)\n"
@@ -80,11 +82,13 @@ enum {
 	OPT_ROOT,
 	OPT_STATE_DIR,
 	OPT_KILL_GRACE,
+	OPT_LISTEN_OPTIONAL,
 };
 
 static const struct option options[] = {
 	{"stdio", no_argument, NULL, OPT_STDIO},
 	{"listen", required_argument, NULL, OPT_LISTEN},
+	{"listen-optional", required_argument, NULL, OPT_LISTEN_OPTIONAL},
 	{"token-file", required_argument, NULL, OPT_TOKEN_FILE},
 	{"insecure-no-token", no_argument, NULL, OPT_INSECURE},
 	{"socket-mode", required_argument, NULL, OPT_SOCKET_MODE},
@@ -196,11 +200,24 @@ static int state_dir_init(struct server_config *cfg)
 	return 0;
 }
 
+/* --listen-optional: false (and logged) when ADDR's transport is absent here. vsock
+ * needs /dev/vsock: container runtimes leave it out unless they provide vsock (in a
+ * plain container AF_VSOCK would be the host's, shared by every container). */
+static bool listen_available(const char *spec)
+{
+	if (strncmp(spec, "vsock:", 6) == 0 && access("/dev/vsock", F_OK) < 0) {
+		log_info("not listening on %s: no /dev/vsock here", spec);
+		return false;
+	}
+	return true;
+}
+
 int main(int argc, char **argv)
 {
 	static struct server s;
 	server_config_defaults(&s.cfg);
 	const char *listens[SHIM_MAX_LISTENERS];
+	bool listen_optional[SHIM_MAX_LISTENERS];
 	unsigned n_listens = 0;
 	bool use_stdio = false;
 	const char *token_file = NULL;
@@ -214,8 +231,10 @@ int main(int argc, char **argv)
 			use_stdio = true;
 			break;
 		case OPT_LISTEN:
+		case OPT_LISTEN_OPTIONAL:
 			if (n_listens >= SHIM_MAX_LISTENERS)
 				die_usage("too many --listen (at most 16)");
+			listen_optional[n_listens] = opt == OPT_LISTEN_OPTIONAL;
 			listens[n_listens++] = optarg;
 			break;
 		case OPT_TOKEN_FILE:
@@ -296,9 +315,12 @@ int main(int argc, char **argv)
 	}
 	char **workload = NULL;
 	if (optind > 1 && strcmp(argv[optind - 1], "--") == 0) {
-		if (optind == argc)
+		/* "--" with nothing after it is no workload, so an image's ENTRYPOINT can
+		 * end in "--" and leave the workload to an optional CMD */
+		if (optind == argc && !use_stdio && n_listens == 0)
 			die_usage("nothing after '--': give the workload's command");
-		workload = &argv[optind];
+		if (optind < argc)
+			workload = &argv[optind];
 	} else if (optind < argc) {
 		die_usage("unexpected argument '%s' (a workload goes after '--')", argv[optind]);
 	}
@@ -329,9 +351,16 @@ int main(int argc, char **argv)
 		server_free(&s);
 		return 1;
 	}
+	unsigned n_listening = 0;
 	for (unsigned i = 0; i < n_listens; i++) {
 		struct shim_err err;
+		if (listen_optional[i] && !listen_available(listens[i]))
+			continue;
 		struct listener *l = listener_open(&s, listens[i], &err);
+		if (l == NULL && listen_optional[i] && err.code == EAFNOSUPPORT) {
+			log_info("not listening on %s: %s: %s", listens[i], err.msg, strerror(err.code));
+			continue;
+		}
 		if (l == NULL) {
 			fprintf(stderr, "sandbox-shim: cannot listen on %s: %s: %s\n", listens[i], err.msg,
 				strerror(err.code));
@@ -339,6 +368,12 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		server_add_listener(&s, l);
+		n_listening++;
+	}
+	if (n_listening == 0 && !use_stdio && workload == NULL) {
+		fprintf(stderr, "sandbox-shim: nothing to serve here: every --listen-optional was skipped\n");
+		server_free(&s);
+		return 1;
 	}
 	if (use_stdio) {
 		struct shim_err err;

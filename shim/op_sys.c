@@ -1,6 +1,7 @@
 /* op_sys.c: system requests: info (what the daemon holds) and echo (a channel check). */
 #include "conn.h"
 #include "log.h"
+#include "mount.h"
 #include "ops.h"
 #include "proc.h"
 #include "server.h"
@@ -73,7 +74,7 @@ static void info_done(struct work *w)
 		r.connections = s->n_conns;
 		r.streams = s->n_streams;
 		r.processes = proc_running();
-		r.mounts = 0;
+		r.mounts = mount_count();
 		r.has_rss_bytes = j->rss != 0;
 		r.rss_bytes = j->rss;
 		r.has_load1 = r.has_load5 = r.has_load15 = j->have_load;

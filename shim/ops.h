@@ -69,6 +69,19 @@ int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
+/* op_tunnel.c: TCP tunnels (non-blocking sockets on the loop) */
+int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_tunnel_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_tunnel_close(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+
+/* op_mount.c: S3 bucket mounts through rclone (the loop side; blocking steps on workers) */
+int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+
 /* End st with END carrying result (packed here). */
 void op_end(struct stream *st, const Shim__V1__Result *result);
 

@@ -5,6 +5,7 @@
 #include "init.h"
 #include "listen.h"
 #include "log.h"
+#include "mount.h"
 #include "proc.h"
 #include "reaper.h"
 #include "util.h"
@@ -20,7 +21,7 @@
 
 struct server *srv;
 
-const char *const server_features[] = {"info", "echo", "fs", "exec", "backup", NULL};
+const char *const server_features[] = {"info", "echo", "fs", "exec", "backup", "tunnel", "mount", NULL};
 
 void server_config_defaults(struct server_config *cfg)
 {
@@ -164,7 +165,10 @@ void server_shutdown(struct server *s, const char *why)
 	/* SIGTERM to every child first (commands, the workload, orphans; as PID 1 every
 	 * process), SIGKILL after the kill grace: so that commands ended by their
 	 * stream's cancel below have had the TERM too */
-	init_shutdown_begin(s);
+	/* ---- mounts: flushed and unmounted first (rclone would get the TERM too); the
+	 * children's TERM follows when they are done (bounded by the shutdown timeout) ---- */
+	if (!mount_shutdown_begin(s, init_shutdown_begin))
+		init_shutdown_begin(s);
 	/* Streams of running commands stay open through the grace period, so that a
 	 * command ending on the TERM reports its real exit status; the rest end now.
 	 * prepare_cb closes the connections once no command runs (after the TERM, or

@@ -5,7 +5,7 @@
 # install) only when something is missing, so a second run is a quick no-op.
 # Runs as root; otherwise through sudo when there is one.
 #
-# Usage: bash tests/deps.sh
+# Usage: bash tests/deps.sh [--containers]   (--containers: podman & co. for tests/e2e too)
 set -euo pipefail
 
 # ---- the package list: add new dependencies here, one a line ----
@@ -39,15 +39,57 @@ PACKAGES=(
 	# integration tests and the demo
 	socat
 	python3
+	# the Python SDK's tests: pip install --no-build-isolation (offline), a venv for the install test
+	python3-pip
+	python3-setuptools
+	python3-wheel
+	python3-venv
 	procps     # ps, pgrep, free
 	util-linux # unshare, setsid, flock
 	tar        # GNU tar: archive compatibility tests and the backup benchmark baseline
 	zstd       # tar --zstd in the benchmark baseline
 	attr       # setfattr/getfattr: xattrs in the backup round trip
+	libarchive-tools # bsdtar: lists our archives, makes archives we restore (backup tests)
+	# ---- mounts (issue 6): S3 bucket mounts and their tests ----
+	rclone # the FUSE client the shim starts for each mount
+	fuse3  # fusermount3, /dev/fuse helpers
+	nodejs # s3rver, the local S3 server of the mount tests (tests/lib/s3rver.sh)
+	npm
+	# ---- end mounts ----
 )
+
+# ---- images (issue 8): rootful podman for tests/e2e/image.sh; only with --containers ----
+# (tests/run-tests.sh asks for them unless SBX_SKIP_E2E=1). runc: crun fails on some cgroup
+# layouts; debootstrap makes the local base image; netavark and aardvark-dns give RUN steps
+# of podman build their network.
+CONTAINER_PACKAGES=(
+	podman
+	runc
+	debootstrap
+	netavark
+	aardvark-dns
+	iptables
+	containernetworking-plugins
+	fuse-overlayfs
+	uidmap
+	slirp4netns
+)
+if [ "${1:-}" = --containers ]; then
+	PACKAGES+=("${CONTAINER_PACKAGES[@]}")
+fi
+# ---- end images ----
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
+	# a Node.js from elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's
+	# npm package): take node and npm as they are when both commands work
+	case $pkg in
+	nodejs | npm)
+		if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+			continue
+		fi
+		;;
+	esac
 	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
 	if [ "$status" != "install ok installed" ]; then
 		missing+=("$pkg")

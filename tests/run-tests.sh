@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run every test: `bash tests/run-tests.sh` (from any directory).
 #
-#   1. tests/deps.sh                     install what is missing (Debian 12 packages)
+#   1. tests/deps.sh                     install what is missing (Debian 12 packages); then
+#      tests/deps.sh --containers        podman & co. for the e2e image test, ctest label e2e
+#                                        (both skipped with SBX_SKIP_E2E=1)
 #   2. clang-format check                *.c/*.h under shim/ sdk/ proto/ tests/ (if clang-format is installed)
 #   3. build/         RelWithDebInfo, -Werror, then ctest
 #   4. build-asan/    Debug, ASan+UBSan, then ctest        (skipped with SBX_SKIP_ASAN=1)
@@ -84,6 +86,27 @@ if ! bash "$ROOT/tests/deps.sh"; then
 	echo "cannot go on without the dependencies" >&2
 	exit 1
 fi
+# ---- mounts (issue 6): s3rver from npm for the mount tests (skipped when already installed) ----
+# shellcheck source=tests/lib/s3rver.sh
+source "$ROOT/tests/lib/s3rver.sh"
+if ! s3rver_install; then
+	echo "s3rver could not be installed: the mount tests (it_mount, cli_mount) will fail" >&2
+fi
+# ---- end mounts ----
+# ---- images (issue 8): podman & co. for tests/e2e/image.sh; without them it skips ----
+if [ "${SBX_SKIP_E2E:-0}" = 1 ]; then
+	echo "e2e: skipped (SBX_SKIP_E2E=1)"
+elif ! bash "$ROOT/tests/deps.sh" --containers; then
+	echo "podman & co. could not be installed: tests/e2e/image.sh will skip" >&2
+else
+	# the base image and podman's layer cache, made while the builds below compile (debootstrap
+	# and apt are mostly network); the e2e test waits for it through a lock
+	e2e_prepare_log=$(mktemp /tmp/sbx-e2e-prepare.XXXXXX)
+	echo "e2e: preparing the image in the background (log: $e2e_prepare_log)"
+	bash "$ROOT/tests/e2e/image.sh" --prepare >"$e2e_prepare_log" 2>&1 </dev/null &
+	e2e_prepare_pid=$!
+fi
+# ---- end images ----
 
 # ---- 2. formatting ----
 section "format (clang-format --dry-run --Werror)"
@@ -157,6 +180,15 @@ else
 fi
 
 # ---- summary ----
+# ---- images (issue 8) ----
+if [ -n "${e2e_prepare_pid:-}" ]; then
+	if wait "$e2e_prepare_pid"; then
+		rm -f "$e2e_prepare_log"
+	else
+		echo "e2e: the background preparation failed (see $e2e_prepare_log)"
+	fi
+fi
+# ---- end images ----
 section "summary"
 if [ "${#failed[@]}" -ne 0 ]; then
 	echo "FAILED sections: ${failed[*]}"

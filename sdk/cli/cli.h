@@ -127,4 +127,15 @@ int cmd_rmproc(struct ctx *ctx, int argc, char **argv);
 int cmd_backup(struct ctx *ctx, int argc, char **argv);
 int cmd_restore(struct ctx *ctx, int argc, char **argv);
 
+/* ---- tunnels (cmd_tunnel.c) ---- */
+
+int cmd_forward(struct ctx *ctx, int argc, char **argv);
+int cmd_reverse(struct ctx *ctx, int argc, char **argv);
+int cmd_tunnels(struct ctx *ctx, int argc, char **argv);
+
+/* ---- S3 bucket mounts (cmd_mount.c) ---- */
+int cmd_mount(struct ctx *ctx, int argc, char **argv);
+int cmd_mounts(struct ctx *ctx, int argc, char **argv);
+int cmd_unmount(struct ctx *ctx, int argc, char **argv);
+
 #endif

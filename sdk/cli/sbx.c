@@ -832,6 +832,49 @@ static const struct command commands[] = {
 	 "A failed, refused or interrupted restore leaves DIR as it was (in replace mode).\n"
 	 "Prints nothing; with --json, {bytes, entries, sha256} on stdout. On a terminal,\n"
 	 "progress is shown on stderr."},
+	/* tunnels */
+	{"forward", cmd_forward, "[--bind HOST:]LOCAL_PORT [GUEST_HOST:]GUEST_PORT",
+	 "Listen on LOCAL_PORT of this host (on 127.0.0.1 unless --bind HOST, or HOST:LOCAL_PORT)\n"
+	 "and relay each connection to GUEST_HOST:GUEST_PORT inside the sandbox (GUEST_HOST: a\n"
+	 "numeric address, default 127.0.0.1), over the shim connection. LOCAL_PORT 0: the\n"
+	 "kernel chooses (printed). Runs until SIGINT/SIGTERM/SIGHUP; logs each connection on\n"
+	 "stderr (a connection the sandbox refuses is reset here and logged with its errno)."},
+	{"reverse", cmd_reverse, "[GUEST_HOST:]GUEST_PORT [LOCAL_HOST:]LOCAL_PORT",
+	 "Have the shim listen on GUEST_HOST:GUEST_PORT inside the sandbox (default 127.0.0.1;\n"
+	 "port 0: kernel-chosen, printed) and relay each connection to LOCAL_HOST:LOCAL_PORT on\n"
+	 "this host (default 127.0.0.1). Runs until SIGINT/SIGTERM/SIGHUP; logs each connection\n"
+	 "on stderr."},
+	{"tunnels", cmd_tunnels, "[--json] [--close ID]",
+	 "List the shim's tunnels (every client's): ID KIND SANDBOX HOST ACTIVE TOTAL BYTES_IN\n"
+	 "BYTES_OUT. With --json, one array of objects. --close ID: close that tunnel and every\n"
+	 "connection it carries instead."},
+	/* S3 bucket mounts */
+	{"mount", cmd_mount,
+	 "BUCKET PATH --endpoint URL [--prefix P] [--region R] [--provider NAME] [--read-only] "
+	 "[--credentials-file FILE] [--allow-non-empty] [--option NAME[=VALUE]]... [--mount-timeout SECONDS] [--json]",
+	 "Mount the S3 bucket BUCKET (or only its keys under --prefix) at PATH inside the\n"
+	 "sandbox, through rclone (FUSE). PATH is created when missing (and removed again at\n"
+	 "unmount); an existing mount point is EBUSY, a non-empty directory ENOTEMPTY unless\n"
+	 "--allow-non-empty. Returns once the mount answers (default within 15 s, see\n"
+	 "--mount-timeout), else fails with rclone's own error.\n"
+	 "  --endpoint URL           the S3 endpoint, http:// or https:// (required)\n"
+	 "  --provider NAME          rclone's s3 provider: AWS, Minio, Ceph, ... (default Other)\n"
+	 "  --option NAME[=VALUE]    an allow-listed rclone option, e.g. vfs-cache-mode=full,\n"
+	 "                           dir-cache-time=1m, allow-other; repeatable\n"
+	 "Keys are never taken from the command line: from --credentials-file FILE (AWS style:\n"
+	 "'aws_access_key_id = ...', 'aws_secret_access_key = ...', optional\n"
+	 "'aws_session_token = ...'; '#' comments; only the [default] section if there are\n"
+	 "sections), else from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN.\n"
+	 "Prints the record (with --json as one object)."},
+	{"mounts", cmd_mounts, "[--json]",
+	 "List the shim's mounts: ID STATE PID PATH BUCKET[/PREFIX]. STATE is live, failed\n"
+	 "(rclone died: the path refuses writes until unmounted; the error line says why),\n"
+	 "starting or unmounting. With --json, one array of objects."},
+	{"unmount", cmd_unmount, "[--flush-timeout SECONDS] [--force] [--json] ID|PATH",
+	 "Unmount a mount by id or path: wait for pending uploads (--flush-timeout, default\n"
+	 "60 s; then it fails with ETIMEDOUT and stays mounted, unless --force), unmount, stop\n"
+	 "rclone, remove its config and cache (and PATH if the shim created it). Unmounting\n"
+	 "again succeeds; an unknown id or path is ENOENT. With --json, prints the record."},
 };
 
 static const struct command *find_command(const char *name)

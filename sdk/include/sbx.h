@@ -561,6 +561,183 @@ SBX_API int sbx_restore_from_file(struct sbx_client *c, const struct sbx_call_op
 				  const struct sbx_restore_opts *ro, const char *local_path,
 				  struct sbx_restore_result *res, struct sbx_error *err);
 
+/* ---- tunnels ----
+ * TCP relayed over the shim connection (any transport). A forward tunnel listens on
+ * the host and connects each accepted connection to an address inside the sandbox;
+ * a reverse tunnel has the shim listen inside and connects each connection accepted
+ * there to an address on the host. Every connection is its own stream with its own
+ * flow control (a slow reader stalls only its connection), and half-closes are
+ * passed on. A tunnel handle runs one background thread; it is usable from any
+ * thread. Close every tunnel before sbx_client_close(). Addresses inside the sandbox
+ * are numeric (the shim resolves no names); host-side ones may be names. The tunnel's
+ * thread reads the connection when no other thread does, so *_async callbacks may
+ * also run on it. */
+
+struct sbx_tunnel;
+
+enum sbx_tunnel_kind { SBX_TUNNEL_FORWARD = 1, SBX_TUNNEL_REVERSE = 2 };
+enum sbx_tunnel_event_type {
+	SBX_TUNNEL_OPEN = 1,  /* a connection is relayed */
+	SBX_TUNNEL_CLOSE = 2, /* it ended (err set if it ended on an error) */
+	SBX_TUNNEL_FAIL = 3,  /* it could not be made: err says why (ECONNREFUSED...) */
+};
+struct sbx_tunnel_event {
+	int type;                    /* enum sbx_tunnel_event_type */
+	uint64_t conn;               /* 1, 2, ... within the tunnel */
+	const char *from;            /* the side that connected ("127.0.0.1:51234") */
+	const char *to;              /* where it was relayed to */
+	uint64_t bytes_in;           /* CLOSE: bytes host -> sandbox */
+	uint64_t bytes_out;          /* CLOSE: bytes sandbox -> host */
+	const struct sbx_error *err; /* FAIL, and CLOSE after an error; else NULL */
+};
+/* Called on the tunnel's thread; must not call sbx_tunnel_close() on a tunnel other
+ * than its own (closing its own from here is allowed). */
+typedef void (*sbx_tunnel_log_fn)(void *ud, const struct sbx_tunnel *t, const struct sbx_tunnel_event *ev);
+
+struct sbx_tunnel_opts {
+	unsigned struct_size;  /* set by SBX_TUNNEL_OPTS_INIT */
+	sbx_tunnel_log_fn log; /* NULL: no per-connection log */
+	void *log_ud;
+	int connect_timeout_ms; /* per connection, either end; 0: 10000 */
+	int backlog;            /* listen() backlog; 0: 128 */
+};
+/* clang-format off */
+#define SBX_TUNNEL_OPTS_INIT {sizeof(struct sbx_tunnel_opts), 0, 0, 0, 0}
+/* clang-format on */
+
+/* Forward: listen on bind_host:bind_port on this host (NULL: 127.0.0.1; port 0: the
+ * kernel chooses, see sbx_tunnel_port()) and relay each connection to
+ * guest_host:guest_port inside (NULL: 127.0.0.1). Fails with EADDRINUSE (kind LOCAL)
+ * when the host port is taken. A connection the shim cannot make (ECONNREFUSED...)
+ * is reset on the host side and reported to opts->log as SBX_TUNNEL_FAIL. */
+SBX_API int sbx_forward_open(struct sbx_client *c, const char *bind_host, unsigned bind_port, const char *guest_host,
+			     unsigned guest_port, const struct sbx_tunnel_opts *opts, struct sbx_tunnel **out,
+			     struct sbx_error *err);
+/* Reverse: the shim listens on guest_host:guest_port inside (NULL: 127.0.0.1; port 0:
+ * kernel-chosen) and each connection is relayed to local_host:local_port here (NULL:
+ * 127.0.0.1). Fails with EADDRINUSE (kind REMOTE) when the port inside is taken. A
+ * connection this side cannot make is reset inside and reported as SBX_TUNNEL_FAIL. */
+SBX_API int sbx_reverse_open(struct sbx_client *c, const char *guest_host, unsigned guest_port, const char *local_host,
+			     unsigned local_port, const struct sbx_tunnel_opts *opts, struct sbx_tunnel **out,
+			     struct sbx_error *err);
+/* The shim's id for the tunnel ("t3"). */
+SBX_API const char *sbx_tunnel_id(const struct sbx_tunnel *t);
+/* The port actually listened on: on the host (forward) or inside (reverse). */
+SBX_API unsigned sbx_tunnel_port(const struct sbx_tunnel *t);
+/* Connections open now. */
+SBX_API unsigned sbx_tunnel_active(struct sbx_tunnel *t);
+/* Wait up to timeout_ms (-1: forever) for the tunnel to end by itself (closed by id
+ * from elsewhere, the shim shutting down, the connection lost). Returns 1 if it still
+ * runs, 0 if it was closed, -1 with err if it ended on an error. */
+SBX_API int sbx_tunnel_wait(struct sbx_tunnel *t, int timeout_ms, struct sbx_error *err);
+/* Close the tunnel and every connection it carries (both ends see them end), and free
+ * the handle. Safe from any thread, once per handle. */
+SBX_API void sbx_tunnel_close(struct sbx_tunnel *t);
+
+struct sbx_tunnel_info {
+	char id[16];
+	int kind;      /* enum sbx_tunnel_kind */
+	char host[64]; /* inside: listened on (reverse) or connected to (forward) */
+	unsigned port;
+	char remote[128];  /* the host side, as its client described it */
+	char client[96];   /* the shim connection that owns it */
+	unsigned active;   /* connections open now */
+	uint64_t total;    /* connections so far */
+	uint64_t bytes_in; /* host -> sandbox */
+	uint64_t bytes_out;
+};
+/* Every tunnel of the shim (all clients'), oldest first: *out is malloc'd (free()). */
+SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_tunnel_info **out,
+			     size_t *n, struct sbx_error *err);
+/* Close a tunnel by id, whichever client owns it (ENOENT if there is none). */
+SBX_API int sbx_tunnel_close_id(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id,
+				struct sbx_error *err);
+
+/* ---- mounts (S3 buckets through rclone inside the sandbox) ----
+ * The shim writes the credentials into a 0600 rclone config in its private state
+ * dir (never on a command line or in another process's environment), starts
+ * rclone mount, and answers only when the mount is live (listed as an rclone FUSE
+ * mount and answering a statfs and a listing). A mount whose rclone dies is
+ * reported SBX_MOUNT_FAILED and its path refuses writes (EROFS) until unmounted. */
+
+enum sbx_mount_state {
+	SBX_MOUNT_STARTING = 0,
+	SBX_MOUNT_LIVE = 1,
+	SBX_MOUNT_FAILED = 2,
+	SBX_MOUNT_UNMOUNTING = 3,
+	SBX_MOUNT_UNMOUNTED = 4,
+};
+/* "starting", "live", "failed", "unmounting", "unmounted" ("unknown" otherwise). */
+SBX_API const char *sbx_mount_state_name(int state);
+
+struct sbx_mount_opts {
+	unsigned struct_size;          /* set by SBX_MOUNT_OPTS_INIT */
+	const char *endpoint;          /* required: http:// or https:// URL (never defaulted) */
+	const char *access_key_id;     /* required */
+	const char *secret_access_key; /* required */
+	const char *session_token;     /* NULL: none */
+	const char *prefix;            /* a key prefix inside the bucket ("dir/sub"); NULL: all */
+	const char *region;            /* NULL: rclone's default */
+	const char *provider;          /* rclone's s3 provider (AWS, Minio, Ceph, ...); NULL: Other */
+	int read_only;
+	int allow_non_empty; /* mount over a directory that has entries */
+	int timeout_ms;      /* until live; 0: 15000 (the call's own timeout must be longer) */
+	/* NULL-terminated allow-listed rclone options, "name=value" or "name" for flags:
+	 * "vfs-cache-mode=full", "allow-other", ... (PROTOCOL.md 12.4 has the list) */
+	const char *const *options;
+};
+/* clang-format off */
+#define SBX_MOUNT_OPTS_INIT {sizeof(struct sbx_mount_opts), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+/* clang-format on */
+
+struct sbx_mount_record {
+	char id[40];
+	char bucket[64];
+	char prefix[1040];
+	char path[4096];
+	int read_only;
+	int state;           /* enum sbx_mount_state */
+	unsigned rclone_pid; /* 0 once rclone has exited */
+	char created_at[40]; /* RFC 3339, UTC */
+	char endpoint[2056];
+	char error[256]; /* failed: what happened, with rclone's last log line */
+	int created_dir; /* the shim created path and removes it at unmount */
+};
+/* The record as one JSON object (malloc'd; free(); NULL when out of memory). */
+SBX_API char *sbx_mount_record_json(const struct sbx_mount_record *rec);
+
+/* Mount bucket at path (absolute, inside the sandbox; created when missing). *rec
+ * (may be NULL) gets the record. Errors: EINVAL (bad bucket name, endpoint, path,
+ * option), EBUSY (already a mount point), ENOTEMPTY, ENOENT (rclone or fusermount3
+ * not installed: the message says what to install), EACCES (the server refused the
+ * keys), ECONNREFUSED, ETIMEDOUT, ...; the message carries rclone's own words. */
+SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *bucket, const char *path,
+		      const struct sbx_mount_opts *mo, struct sbx_mount_record *rec, struct sbx_error *err);
+
+/* Every mount the shim has (live, failed, or on the way): *out is a malloc'd array
+ * of *n records (free it with sbx_mounts_free; NULL when there are none). */
+SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record **out,
+			    size_t *n, struct sbx_error *err);
+SBX_API void sbx_mounts_free(struct sbx_mount_record *list);
+
+struct sbx_unmount_opts {
+	unsigned struct_size; /* set by SBX_UNMOUNT_OPTS_INIT */
+	int flush_timeout_ms; /* wait for pending uploads; 0: 60000, -1: do not wait */
+	int force;            /* unmount even when uploads are still pending (they are lost) */
+};
+/* clang-format off */
+#define SBX_UNMOUNT_OPTS_INIT {sizeof(struct sbx_unmount_opts), 0, 0}
+/* clang-format on */
+
+/* Unmount by id or by path (an argument starting with '/' is a path): pending
+ * uploads are flushed first (ETIMEDOUT, mount left as it was, when they do not finish
+ * in time and force is not set), then rclone stops and its config, cache and log
+ * are removed, and the directory if the shim created it. Unmounting again returns
+ * the same record (state SBX_MOUNT_UNMOUNTED); an unknown id or path is ENOENT. uo
+ * and rec may be NULL. */
+SBX_API int sbx_unmount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id_or_path,
+			const struct sbx_unmount_opts *uo, struct sbx_mount_record *rec, struct sbx_error *err);
+
 /* ---- frame decoding for debugging ---- */
 
 /* Decoder for a captured raw byte stream (either direction): feed bytes, get one

@@ -61,6 +61,20 @@ void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_
 	c->trace(c->trace_ud, line);
 }
 
+/* ---- background relays ---- */
+
+/* With mu held: tell every relay to look again (frames for it, or the reader role). */
+static void wake_relays(struct sbx_client *c)
+{
+	uint64_t one = 1;
+	for (unsigned i = 0; i < c->nwakers; i++) {
+		if (c->wakers[i] == c->pump_fd)
+			continue; /* routing for itself: it looks at its calls next anyway */
+		ssize_t w = write(c->wakers[i], &one, sizeof(one));
+		(void)w;
+	}
+}
+
 /* ---- the connection dies ---- */
 
 /* With mu held: every call ends with err; the reader stops. */
@@ -77,6 +91,7 @@ static void client_kill(struct sbx_client *c, const struct sbx_error *err)
 		}
 	}
 	pthread_cond_broadcast(&c->cv);
+	wake_relays(c);
 }
 
 /* ---- sending ---- */
@@ -484,6 +499,8 @@ static void reader_run(struct sbx_client *c, int timeout_ms)
 		}
 	}
 	pthread_cond_broadcast(&c->cv);
+	if (n > 0)
+		wake_relays(c);
 	bool dead = c->dead;
 	pthread_mutex_unlock(&c->mu);
 	for (unsigned i = 0; i < npongs && !dead; i++)
@@ -565,6 +582,8 @@ static int wait_until(struct call *k, bool (*cond)(const struct call *), uint64_
 			pthread_mutex_lock(&c->mu);
 			c->reading = false;
 			pthread_cond_broadcast(&c->cv);
+			if (c->role_waiters > 0)
+				wake_relays(c);
 		} else {
 			struct timespec ts;
 			uint64_t until = deadline;
@@ -763,6 +782,7 @@ static int client_init(struct sbx_client *c, int fd, pid_t child, const struct s
 	pthread_mutex_init(&c->wmu, NULL);
 	c->fd = fd;
 	c->child = child;
+	c->pump_fd = -1;
 	c->next_id = 1;
 	c->max_frame = FRAME_HELLO_MAX;
 	c->my_window = FRAME_DEFAULT_WINDOW;
@@ -1072,6 +1092,8 @@ SBX_API int sbx_client_process(struct sbx_client *c, struct sbx_error *err)
 	pthread_mutex_lock(&c->mu);
 	c->reading = false;
 	pthread_cond_broadcast(&c->cv);
+	if (c->role_waiters > 0)
+		wake_relays(c);
 	int rc = 0;
 	if (c->dead) {
 		sbx__copy_error(err, &c->dead_err);
@@ -1135,4 +1157,79 @@ SBX_API void sbx_cancel_free(struct sbx_cancel *t)
 		return;
 	pthread_mutex_destroy(&t->mu);
 	free(t);
+}
+
+/* ---- background relays (tunnel.c) ---- */
+
+int sbx__client_add_waker(struct sbx_client *c, int fd, struct sbx_error *err)
+{
+	pthread_mutex_lock(&c->mu);
+	if (c->nwakers >= SBX_MAX_WAKERS) {
+		pthread_mutex_unlock(&c->mu);
+		return sbx__fail(err, SBX_ERR_LOCAL, EMFILE, NULL, "too many tunnels on one client (limit %d)",
+				 SBX_MAX_WAKERS);
+	}
+	c->wakers[c->nwakers++] = fd;
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+void sbx__client_del_waker(struct sbx_client *c, int fd)
+{
+	pthread_mutex_lock(&c->mu);
+	for (unsigned i = 0; i < c->nwakers; i++) {
+		if (c->wakers[i] == fd) {
+			c->wakers[i] = c->wakers[--c->nwakers];
+			break;
+		}
+	}
+	/* another relay may be waiting for the reader role this one held */
+	wake_relays(c);
+	pthread_mutex_unlock(&c->mu);
+}
+
+int sbx__pump(struct sbx_client *c, int self_fd, struct pollfd *fds, unsigned nfds, int timeout_ms,
+	      struct sbx_error *err)
+{
+	pthread_mutex_lock(&c->mu);
+	if (c->dead) {
+		sbx__copy_error(err, &c->dead_err);
+		pthread_mutex_unlock(&c->mu);
+		return -1;
+	}
+	bool mine = !c->reading;
+	if (mine) {
+		c->reading = true;
+		c->pump_fd = self_fd;
+	} else {
+		c->role_waiters++;
+	}
+	pthread_mutex_unlock(&c->mu);
+	fds[0].fd = mine ? c->fd : -1;
+	fds[0].events = POLLIN;
+	fds[1].fd = mine ? c->wakefd : -1;
+	fds[1].events = POLLIN;
+	fds[0].revents = fds[1].revents = 0;
+	int r = poll(fds, nfds, timeout_ms);
+	if (r < 0)
+		r = 0; /* EINTR: just another round */
+	if (mine) {
+		if (fds[1].revents & POLLIN) {
+			uint64_t v;
+			ssize_t w = read(c->wakefd, &v, sizeof(v));
+			(void)w;
+		}
+		if (fds[0].revents & (POLLIN | POLLHUP | POLLERR))
+			reader_run(c, 0);
+	}
+	pthread_mutex_lock(&c->mu);
+	if (mine) {
+		c->reading = false;
+		c->pump_fd = -1;
+		pthread_cond_broadcast(&c->cv);
+	} else {
+		c->role_waiters--;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return r;
 }

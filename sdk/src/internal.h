@@ -2,6 +2,7 @@
 #ifndef SBX_INTERNAL_H
 #define SBX_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -58,6 +59,8 @@ struct sbx_cancel {
 	struct sbx_client *client; /* attached while a call waits on it */
 };
 
+#define SBX_MAX_WAKERS 64
+
 struct sbx_client {
 	pthread_mutex_t mu;  /* calls, rx queues, reader role, state */
 	pthread_cond_t cv;   /* broadcast when frames were routed or the reader role freed */
@@ -82,6 +85,12 @@ struct sbx_client {
 	void *trace_ud;
 	struct sbx_server_info info;
 	char *strings; /* storage for info's strings */
+	/* background relays (tunnel.c): eventfds written when frames were routed or the
+	 * reader role came free while a relay waited for it */
+	int wakers[SBX_MAX_WAKERS];
+	unsigned nwakers;
+	unsigned role_waiters;
+	int pump_fd; /* the waker of the relay reading in sbx__pump() (it needs no wake-up), or -1 */
 };
 
 /* errors.c */
@@ -128,6 +137,17 @@ int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_er
 int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
 /* Forget the call; sends CANCEL first if it is not done. */
 void sbx__call_free(struct call *k);
+/* Background relays (tunnel.c). A relay registers an eventfd that is written whenever
+ * frames were routed (by whichever thread reads) or the reader role came free; -1
+ * with err when SBX_MAX_WAKERS are registered. */
+int sbx__client_add_waker(struct sbx_client *c, int fd, struct sbx_error *err);
+void sbx__client_del_waker(struct sbx_client *c, int fd);
+/* One round of the relay whose waker is self_fd: poll fds[0..nfds) where fds[0] and fds[1] are filled here
+ * (the connection and its wake fd, when the reader role is free and taken for the
+ * round; else ignored) and route whatever the connection delivered. Returns poll's
+ * result (0 on timeout), or -1 with err when the connection is dead. */
+int sbx__pump(struct sbx_client *c, int self_fd, struct pollfd *fds, unsigned nfds, int timeout_ms,
+	      struct sbx_error *err);
 /* Turn an ERROR payload into err (kind REMOTE). */
 void sbx__decode_error(const uint8_t *p, size_t len, int kind, struct sbx_error *err);
 void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_hdr *h, const uint8_t *p);

@@ -191,7 +191,8 @@ static void tar_restore(bool zstd, const char *in, const char *dir, struct resul
 	rm_rf(dir);
 	if (mkdir(dir, 0755) < 0)
 		die(dir, NULL);
-	char *argv[] = {"tar", zstd ? "--zstd" : "-p", "-xf", (char *)in, "-C", (char *)dir, NULL};
+	/* -p in both runs: modes as in the archive, as ours restores them (root: the default) */
+	char *argv[] = {"tar", "-p", zstd ? "--zstd" : "--format=gnu", "-xf", (char *)in, "-C", (char *)dir, NULL};
 	sync();
 	uint64_t t0 = bench_now_ns();
 	uint64_t cpu = run(argv, true);

@@ -7,6 +7,8 @@
 #                        tests/run-tests.sh makes it)
 #   BENCH_ECHO_MIB=N     bytes bench_echo sends, in MiB (default 256)
 #   BENCH_FILES_MIB=N    size of bench_files' big read and write, in MiB (default 1024)
+#   BENCH_TUNNEL_MIB=N   bytes bench_tunnel moves per run and direction, in MiB (default 256)
+#   BENCH_TUNNEL_CONNS=N connections per bench_tunnel connection-rate run (default 2000)
 #
 # Each benchmark prints one line per figure, with its same-run baseline and the ratio.
 set -euo pipefail
@@ -14,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 ROOT=$(pwd)
 BUILD_DIR=${BUILD_DIR:-build}
-BENCHES=(bench_ping bench_startup bench_rss bench_echo bench_files bench_exec bench_backup)
+BENCHES=(bench_ping bench_startup bench_rss bench_echo bench_files bench_exec bench_backup bench_tunnel)
 
 cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build "$BUILD_DIR" -j2 --target "${BENCHES[@]}"

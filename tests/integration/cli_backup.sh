@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # cli_backup.sh: sbx backup and sbx restore against a real daemon: archives on stdout and in files,
-# the record as JSON, restores from stdin and files, --merge, --sha256, --to/--from, terminals.
+# the record as JSON, restores from stdin and files, --merge, --sha256, --to/--from, terminals,
+# --skip-unreadable and --one-file-system.
 #
 # Usage: bash cli_backup.sh SHIM_BIN SBX_BIN [SECTION...]
 # Starts its own daemon in a mktemp -d directory (with --state-dir there) and stops only it, by PID.
@@ -352,6 +353,50 @@ sec_sandbox()
 	rm -rf "$T/snap"
 }
 
+# --skip-unreadable and --one-file-system, against a second daemon that may not read everything
+# (as root: one without capabilities, so that a mode 000 file is unreadable to it too).
+sec_unreadable()
+{
+	local U=$T/u main_pid=$DPID main_target=$TARGET upid
+	mkdir -p "$U/src/sub"
+	printf 'ok' >"$U/src/ok"
+	printf 'secret' >"$U/src/sub/locked"
+	chmod 000 "$U/src/sub/locked"
+	if [ "$(id -u)" -eq 0 ]; then
+		command -v setpriv >/dev/null || {
+			fail "no setpriv (util-linux) to drop root's capabilities"
+			return
+		}
+		printf '#!/bin/sh\nexec setpriv --inh-caps=-all --bounding-set=-all -- "%s" "$@"\n' "$SHIM" >"$U/shim"
+		chmod 755 "$U/shim"
+		SHIM=$U/shim start_daemon unreadable --listen "unix:$T/su"
+	else
+		start_daemon unreadable --listen "unix:$T/su"
+	fi
+	upid=$DPID
+	DPID=$main_pid
+	TARGET="unix:$T/su"
+	# by default: the backup fails, naming the file; no archive left behind
+	run 1 backup "$U/src" -o "$U/a.tar"
+	has err "EACCES"
+	has err "$U/src/sub/locked"
+	[ -e "$U/a.tar" ] && fail "a failed backup left $U/a.tar"
+	# --skip-unreadable: done, the file listed in the record's skipped, the rest archived
+	run 0 backup "$U/src" -o "$U/b.tar" --skip-unreadable --json
+	py "import json,os,sys; r=json.load(open(sys.argv[1])); assert r['skipped']==[sys.argv[2]], r; \
+assert r['bytes']==os.path.getsize(sys.argv[3]) and r['entries']==3, r" "$T/out" "$U/src/sub/locked" "$U/b.tar"
+	tar -tf "$U/b.tar" >"$U/list" || fail "tar -tf failed"
+	grep -qx './ok' "$U/list" || fail "./ok is missing from the archive"
+	grep -q 'locked' "$U/list" && fail "the unreadable file is in the archive"
+	# --one-file-system: the tree is one file system; accepted, nothing left out
+	run 0 backup "$U/src" -o "$U/c.tar" --skip-unreadable --one-file-system
+	tar -tf "$U/c.tar" | grep -qx './sub/' || fail "--one-file-system left out ./sub/"
+	kill -TERM "$upid"
+	wait "$upid" 2>/dev/null
+	TARGET=$main_target
+	chmod 600 "$U/src/sub/locked"
+}
+
 sec_tty()
 {
 	local rc
@@ -412,7 +457,7 @@ SKIPPED=0
 "$SBX" -t "$TARGET" backup "$D" >/dev/null 2>"$T/err"
 grep -q ENOSYS "$T/err" && NOBACKUP=1
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(usage stdout file restore sha256 sandbox tty)
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(usage stdout file restore sha256 sandbox tty unreadable)
 for SECTION in "${SECTIONS[@]}"; do
 	if [ "$NOBACKUP" -eq 1 ] && [ "$SECTION" != usage ]; then
 		echo "$SECTION: skipped (the daemon answers ENOSYS to backups)"

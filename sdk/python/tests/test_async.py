@@ -1,0 +1,186 @@
+"""AsyncShim: the coroutine twins, asyncio.Event aborts, task cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+import time
+import unittest
+
+from shimtest import Daemon, pid_alive, slurp, wait_until
+
+from sandbox_shim import (
+    AsyncShim,
+    SandboxAbortError,
+    SandboxEvalError,
+    SandboxFileNotFoundError,
+    SandboxFileStat,
+)
+
+
+class Async(unittest.IsolatedAsyncioTestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.daemon = Daemon()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.daemon.stop()
+
+    async def asyncSetUp(self) -> None:
+        self.shim = await AsyncShim.connect(self.daemon.target)
+        import tempfile
+
+        self.d = tempfile.mkdtemp(dir=self.daemon.tmp)
+
+    async def asyncTearDown(self) -> None:
+        await self.shim.close()
+
+    def p(self, n: str) -> str:
+        return os.path.join(self.d, n)
+
+    async def test_files(self) -> None:
+        f = self.shim.files
+        st = await f.write_file(self.p("a"), b"hello")
+        self.assertIsInstance(st, SandboxFileStat)
+        self.assertEqual(await f.read_file(self.p("a")), b"hello")
+        self.assertTrue(await f.exists(self.p("a")))
+        await f.mkdir(self.p("d"))
+        await f.copy(self.p("a"), self.p("d/b"))
+        await f.rename(self.p("d/b"), self.p("d/c"))
+        await f.chmod(self.p("d/c"), 0o600)
+        await f.symlink("c", self.p("d/l"))
+        self.assertEqual(await f.readlink(self.p("d/l")), "c")
+        await f.truncate(self.p("d/c"), 2)
+        self.assertEqual((await f.stat(self.p("d/c"))).size, 2)
+        names = sorted(e.name for e in await f.read_directory(self.p("d")))
+        self.assertEqual(names, ["c", "l"])
+        chunks = [c async for c in f.open_read(self.p("a"))]
+        self.assertEqual(b"".join(chunks), b"hello")
+        await f.delete(self.p("d"), recursive=True)
+        with self.assertRaises(SandboxFileNotFoundError):
+            await f.read_file(self.p("d/c"))
+
+    async def test_watch(self) -> None:
+        async def touch() -> None:
+            await asyncio.sleep(0.2)
+            with open(self.p("w"), "w"):
+                pass
+
+        task = asyncio.ensure_future(touch())
+        async with self.shim.files.watch(self.d, timeout=10) as w:
+            async for ev in w:
+                if ev.type == "create":
+                    self.assertEqual(ev.path, self.p("w"))
+                    break
+        await task
+
+    async def test_commands_and_eval(self) -> None:
+        r = await self.shim.commands.run("echo hi; exit 2")
+        self.assertEqual((r.stdout, r.exit_code), ("hi\n", 2))
+        self.assertEqual(await self.shim.eval("print(6 * 7)"), "42\n")
+        with self.assertRaises(SandboxEvalError):
+            await self.shim.eval("import sys; sys.exit(1)")
+        async with await self.shim.commands.start(["cat"], stdin=True) as p:
+            await p.write_stdin("abc")
+            await p.close_stdin()
+            out = b"".join([c.data async for c in p.stream()])
+            r = await p.wait()
+        self.assertEqual((out, r.exit_code), (b"abc", 0))
+        self.assertGreater(await self.shim.ping(), 0)
+        self.assertEqual((await self.shim.info()).protocol_version, 1)
+
+    async def test_backup_restore(self) -> None:
+        os.mkdir(self.p("src"))
+        with open(self.p("src/f"), "wb") as h:
+            h.write(b"content")
+        buf = io.BytesIO()
+        rec = await self.shim.backups.backup(self.p("src"), buf)
+        self.assertEqual(rec["sha256"], hashlib.sha256(buf.getvalue()).hexdigest())
+        res = await self.shim.backups.restore(self.p("dst"), buf.getvalue(), sha256=rec["sha256"])
+        self.assertEqual(res["sha256"], rec["sha256"])
+        self.assertEqual(slurp(self.p("dst/f")), b"content")
+
+    async def test_abort_event(self) -> None:
+        ev = asyncio.Event()
+        pidfile = self.p("pid")
+        asyncio.get_running_loop().call_later(0.3, ev.set)
+        t0 = time.monotonic()
+        with self.assertRaises(SandboxAbortError):
+            await self.shim.commands.run(f"echo $$ > {pidfile}; exec sleep 30", abort=ev)
+        self.assertLess(time.monotonic() - t0, 5)
+        pid = int(slurp(pidfile))
+        self.assertTrue(wait_until(lambda: not pid_alive(pid)))
+        # a large upload, aborted midway: the old file stays
+        await self.shim.files.write_file(self.p("big"), b"old")
+        ev = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        class Endless:
+            sent = 0
+
+            def readinto(self, b) -> int:  # type: ignore[no-untyped-def]
+                self.sent += len(b)
+                if self.sent > 32 * 1024 * 1024:
+                    loop.call_soon_threadsafe(ev.set)
+                return len(b)
+
+        with self.assertRaises(SandboxAbortError):
+            await self.shim.files.write_file(self.p("big"), Endless(), abort=ev)
+        self.assertEqual(await self.shim.files.read_file(self.p("big")), b"old")
+        with self.assertRaises(TypeError):
+            await self.shim.files.read_file(self.p("big"), abort="x")
+
+    async def test_task_cancel_kills(self) -> None:
+        pidfile = self.p("pid2")
+        task = asyncio.ensure_future(self.shim.commands.run(f"echo $$ > {pidfile}; exec sleep 30"))
+        self.assertTrue(await asyncio.get_running_loop().run_in_executor(None, wait_until, lambda: os.path.exists(pidfile) and os.path.getsize(pidfile) > 0))
+        pid = int(slurp(pidfile))
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        self.assertTrue(wait_until(lambda: not pid_alive(pid)))
+        # wait_for's timeout cancels too
+        with self.assertRaises(asyncio.TimeoutError):
+            await asyncio.wait_for(self.shim.commands.run(["sleep", "30"]), 0.3)
+        p = await self.shim.commands.start(["sleep", "30"])
+        t = asyncio.ensure_future(p.wait())
+        await asyncio.sleep(0.2)
+        t.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await t
+        self.assertTrue(wait_until(lambda: not pid_alive(p.pid)))
+
+    async def test_tunnels_and_mount_errors(self) -> None:
+        from test_mounts_tunnels import CLIENT, echo_server
+
+        srv, port = echo_server()
+        try:
+            t = await self.shim.tunnel(0, port)
+            r = await self.shim.commands.run(["python3", "-c", CLIENT, str(t.port), "async"])
+            self.assertEqual(r.stdout, "echo:async")
+            self.assertIn(t.tunnel_id, [x.id for x in await self.shim.tunnels()])
+            await self.shim.close_tunnel(t.tunnel_id)
+            self.assertFalse(t.wait(5))
+            t.close()
+        finally:
+            srv.close()
+        self.assertEqual(await self.shim.mounts.list(), [])
+        with self.assertRaises(ValueError):
+            await self.shim.mounts.mount("b", self.p("m"), endpoint="nope", access_key_id="k", secret_access_key="s")
+
+    async def test_gather_many(self) -> None:
+        async def one(i: int) -> bool:
+            data = os.urandom(500 + i)
+            await self.shim.files.write_file(self.p(f"g{i}"), data)
+            r = await self.shim.commands.run(["cat", self.p(f"g{i}")])
+            return r.stdout_bytes == data and await self.shim.files.read_file(self.p(f"g{i}")) == data
+
+        results = await asyncio.gather(*(one(i) for i in range(100)))
+        self.assertTrue(all(results))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,839 @@
+/* op_tunnel.c: TCP tunnels: reverse listeners and forward connections inside the sandbox, relayed over streams.
+ *
+ * A tunnel is one long-lived stream (tunnel_listen or tunnel_forward) that owns its
+ * connections; every connection is a stream of its own (tunnel_connect, tunnel_accept)
+ * carrying the bytes as DATA with the usual per-stream credit. All sockets are
+ * non-blocking and watched by the loop; addresses are numeric, so nothing here can
+ * stall the loop on a name lookup. */
+#include "conn.h"
+#include "frame.h"
+#include "log.h"
+#include "ops.h"
+#include "server.h"
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define TUN_MAX 256        /* tunnels in the whole daemon */
+#define TUN_PENDING_MAX 64 /* accepted connections not yet claimed, per tunnel */
+#define TUN_ACCEPT_TIMEOUT_MS 10000u
+#define TUN_CONNECT_TIMEOUT_MS 10000u
+#define TUN_ACCEPT_ROUNDS 16 /* accept() calls per wake-up, so one busy listener cannot hog the loop */
+#define TUN_READ_ROUNDS 4    /* reads per wake-up and connection, for the same reason */
+/* Extra DATA credit each way on a relayed connection (one WINDOW at the start): a deeper
+ * pipe for one fast connection; it is also what the shim may buffer for a slow socket. */
+#define TUN_EXTRA_WINDOW (256u << 10)
+#define TUN_OWNER_OUT_MAX (4u << 20) /* accepting pauses while the owner's output is this big */
+
+enum tun_kind { TUN_FORWARD = 1, TUN_REVERSE = 2 };
+
+struct tpending {
+	struct tpending *next;
+	uint64_t id;
+	int fd;
+	ev_tstamp at;
+};
+
+struct tconn;
+
+struct tunnel {
+	struct tunnel *next;
+	char id[16];
+	enum tun_kind kind;
+	struct stream *st; /* the tunnel's own stream */
+	char host[64];     /* inside: listened on (reverse) or connected to (forward) */
+	uint32_t port;
+	char remote[128];
+	int lfd; /* reverse: the listening socket */
+	ev_io lio;
+	ev_timer ptimer; /* expires unclaimed connections; retries accept after EMFILE */
+	struct tpending *pending;
+	unsigned npending;
+	double accept_timeout;
+	uint64_t next_conn;
+	struct tconn *conns;
+	unsigned active;
+	uint64_t total, bytes_in, bytes_out;
+};
+
+struct tconn {
+	struct tconn *next, *prev;
+	struct tunnel *t; /* NULL: a connection outside any tunnel */
+	struct stream *st;
+	int fd;
+	ev_io rio, wio;
+	ev_timer ctimer;
+	bool connecting;
+	bool eof_sent;   /* the socket reached EOF and DATA FIN went to the client */
+	bool client_fin; /* the client's FIN arrived */
+	bool shut_wr;    /* ... and was passed on with shutdown(SHUT_WR) */
+	uint8_t *wbuf;   /* client bytes the socket did not take yet; at most the credit granted */
+	size_t woff, wlen, wcap;
+	uint64_t bytes_in, bytes_out;
+	char target[80];
+};
+
+static struct tunnel *tunnels;
+static unsigned ntunnels;
+static uint64_t next_tunnel = 1;
+static uint8_t rbuf[FRAME_DATA_CHUNK];
+
+/* ---- addresses ---- */
+
+static int parse_addr(const char *host, uint32_t port, struct sockaddr_storage *ss, socklen_t *len, char *norm,
+		      size_t normsz, struct shim_err *err)
+{
+	if (host == NULL || host[0] == '\0' || strcmp(host, "localhost") == 0)
+		host = "127.0.0.1";
+	if (port > 65535)
+		return err_set(err, EINVAL, host, "port %u out of range", port);
+	char h[64];
+	size_t hl = strlen(host);
+	if (hl >= sizeof(h))
+		return err_set(err, EINVAL, host, "address too long");
+	memcpy(h, host, hl + 1);
+	if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
+		memmove(h, h + 1, hl - 2);
+		h[hl - 2] = '\0';
+	}
+	memset(ss, 0, sizeof(*ss));
+	struct sockaddr_in *in4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+	if (inet_pton(AF_INET, h, &in4->sin_addr) == 1) {
+		in4->sin_family = AF_INET;
+		in4->sin_port = htons((uint16_t)port);
+		*len = sizeof(*in4);
+	} else if (inet_pton(AF_INET6, h, &in6->sin6_addr) == 1) {
+		in6->sin6_family = AF_INET6;
+		in6->sin6_port = htons((uint16_t)port);
+		*len = sizeof(*in6);
+	} else {
+		return err_set(err, EINVAL, host, "not a numeric IP address (the shim does not resolve host names)");
+	}
+	snprintf(norm, normsz, "%s", h);
+	return 0;
+}
+
+static void addr_str(const struct sockaddr_storage *ss, char *out, size_t size)
+{
+	char h[INET6_ADDRSTRLEN];
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+		inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h));
+		snprintf(out, size, "%s:%u", h, ntohs(a->sin_port));
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+		inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h));
+		snprintf(out, size, "[%s]:%u", h, ntohs(a->sin6_port));
+	} else {
+		snprintf(out, size, "?");
+	}
+}
+
+static void fd_addr(int fd, bool peer, char *out, size_t size)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	int rc = peer ? getpeername(fd, (struct sockaddr *)&ss, &len) : getsockname(fd, (struct sockaddr *)&ss, &len);
+	if (rc < 0)
+		snprintf(out, size, "?");
+	else
+		addr_str(&ss, out, size);
+}
+
+static void send_event(struct stream *st, const Shim__V1__Event *ev)
+{
+	uint8_t buf[512];
+	size_t n = shim__v1__event__get_packed_size(ev);
+	if (n > sizeof(buf))
+		return; /* cannot happen: every string in these events is bounded */
+	shim__v1__event__pack(ev, buf);
+	conn_send(st->conn, st->id, FRAME_EVENT, 0, buf, n);
+}
+
+static struct tunnel *tunnel_find(const char *id)
+{
+	for (struct tunnel *t = tunnels; t != NULL; t = t->next)
+		if (id != NULL && strcmp(t->id, id) == 0)
+			return t;
+	return NULL;
+}
+
+/* ---- one relayed connection ---- */
+
+static void tc_read(struct tconn *tc);
+static void tc_flush(struct tconn *tc);
+
+/* Stop everything and release the socket; the stream is the caller's to end. */
+static void tc_free(struct tconn *tc)
+{
+	struct ev_loop *loop = srv->loop;
+	ev_io_stop(loop, &tc->rio);
+	ev_io_stop(loop, &tc->wio);
+	ev_timer_stop(loop, &tc->ctimer);
+	if (tc->fd >= 0)
+		close(tc->fd);
+	struct tunnel *t = tc->t;
+	if (t != NULL) {
+		if (tc->prev != NULL)
+			tc->prev->next = tc->next;
+		else
+			t->conns = tc->next;
+		if (tc->next != NULL)
+			tc->next->prev = tc->prev;
+		t->active--;
+	}
+	free(tc->wbuf);
+	free(tc);
+}
+
+static void tc_fail(struct tconn *tc, int code, const char *what)
+{
+	struct stream *st = tc->st;
+	struct shim_err e;
+	err_set(&e, code, tc->target, "%s", what);
+	log_debug("tunnel conn %s: %s: %s", tc->target, what, strerror(code));
+	tc_free(tc);
+	stream_fail(st, &e);
+}
+
+/* Both directions are finished: END with the byte counts. */
+static void tc_check_done(struct tconn *tc)
+{
+	if (!tc->eof_sent || !tc->shut_wr)
+		return;
+	struct stream *st = tc->st;
+	Shim__V1__TunnelConnEnd ce = SHIM__V1__TUNNEL_CONN_END__INIT;
+	ce.bytes_in = tc->bytes_in;
+	ce.bytes_out = tc->bytes_out;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_TUNNEL_CONN;
+	res.tunnel_conn = &ce;
+	tc_free(tc);
+	op_end(st, &res);
+}
+
+static void tc_cancel(struct stream *st)
+{
+	tc_free(st->op_data);
+}
+
+static void tc_writable(struct stream *st)
+{
+	tc_read(st->op_data);
+}
+
+/* DATA from the client: straight into the socket if it takes it, else buffered (never
+ * more than the credit we granted); credit goes back as the socket takes the bytes,
+ * so a slow reader inside stops only this connection's sender. */
+static int tc_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
+	struct tconn *tc = st->op_data;
+	if (len > 0 && tc->wlen == 0 && !tc->connecting) {
+		ssize_t w = send(tc->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			return err_set(err, errno, tc->target, "send");
+		if (w > 0) {
+			buf += w;
+			len -= (size_t)w;
+			tc->bytes_in += (uint64_t)w;
+			if (tc->t != NULL)
+				tc->t->bytes_in += (uint64_t)w;
+			stream_grant(st, (uint32_t)w);
+		}
+	}
+	if (len > 0) {
+		if (tc->wbuf == NULL) {
+			tc->wcap = st->conn->srv->cfg.initial_window + TUN_EXTRA_WINDOW;
+			tc->wbuf = malloc(tc->wcap);
+			if (tc->wbuf == NULL)
+				return err_set(err, ENOMEM, NULL, "out of memory");
+		}
+		if (tc->woff > 0 && tc->woff + tc->wlen + len > tc->wcap) {
+			memmove(tc->wbuf, tc->wbuf + tc->woff, tc->wlen);
+			tc->woff = 0;
+		}
+		if (tc->woff + tc->wlen + len > tc->wcap)
+			return err_set(err, ENOBUFS, NULL, "tunnel buffer full"); /* a client beyond its credit */
+		memcpy(tc->wbuf + tc->woff + tc->wlen, buf, len);
+		tc->wlen += len;
+		if (!tc->connecting)
+			ev_io_start(srv->loop, &tc->wio);
+	}
+	if (fin) {
+		tc->client_fin = true;
+		if (tc->wlen == 0 && !tc->connecting) {
+			shutdown(tc->fd, SHUT_WR);
+			tc->shut_wr = true;
+			tc_check_done(tc);
+		}
+	}
+	return 0;
+}
+
+static const struct stream_ops tc_ops = {.data = tc_data, .writable = tc_writable, .cancel = tc_cancel};
+
+/* Socket -> client, as far as credit and the connection's output room allow. */
+static void tc_read(struct tconn *tc)
+{
+	struct stream *st = tc->st;
+	if (tc->eof_sent || tc->connecting)
+		return;
+	for (int round = 0; round < TUN_READ_ROUNDS; round++) {
+		size_t room = stream_can_send(st);
+		if (room == 0) {
+			/* out of credit or output room: leave the bytes in the kernel (TCP
+			 * pushes back on the sender inside) until writable() */
+			ev_io_stop(srv->loop, &tc->rio);
+			stream_wait_writable(st);
+			return;
+		}
+		if (room > sizeof(rbuf))
+			room = sizeof(rbuf);
+		ssize_t n = recv(tc->fd, rbuf, room, MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			tc_fail(tc, errno, "recv");
+			return;
+		}
+		if (n == 0) {
+			ev_io_stop(srv->loop, &tc->rio);
+			tc->eof_sent = true;
+			stream_send_data(st, NULL, 0, true);
+			tc_check_done(tc);
+			return;
+		}
+		stream_send_data(st, rbuf, (size_t)n, false);
+		tc->bytes_out += (uint64_t)n;
+		if (tc->t != NULL)
+			tc->t->bytes_out += (uint64_t)n;
+	}
+	ev_io_start(srv->loop, &tc->rio);
+}
+
+static void tc_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	tc_read(container_of(w, struct tconn, rio));
+}
+
+static void tc_start_relay(struct tconn *tc)
+{
+	int one = 1;
+	setsockopt(tc->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	char local[80], peer[80];
+	fd_addr(tc->fd, false, local, sizeof(local));
+	fd_addr(tc->fd, true, peer, sizeof(peer));
+	Shim__V1__TunnelConnected tcd = SHIM__V1__TUNNEL_CONNECTED__INIT;
+	tcd.local = local;
+	tcd.peer = peer;
+	Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
+	ev.kind_case = SHIM__V1__EVENT__KIND_TUNNEL_CONNECTED;
+	ev.tunnel_connected = &tcd;
+	send_event(tc->st, &ev);
+	stream_grant(tc->st, TUN_EXTRA_WINDOW);
+	/* client bytes (or its FIN) that came while connecting go out when writable */
+	if (tc->wlen > 0 || tc->client_fin)
+		ev_io_start(srv->loop, &tc->wio);
+	tc_read(tc);
+}
+
+/* Client bytes buffered earlier -> socket. */
+static void tc_flush(struct tconn *tc)
+{
+	while (tc->wlen > 0) {
+		ssize_t w = send(tc->fd, tc->wbuf + tc->woff, tc->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				ev_io_start(srv->loop, &tc->wio);
+				return;
+			}
+			tc_fail(tc, errno, "send");
+			return;
+		}
+		tc->woff += (size_t)w;
+		tc->wlen -= (size_t)w;
+		tc->bytes_in += (uint64_t)w;
+		if (tc->t != NULL)
+			tc->t->bytes_in += (uint64_t)w;
+		stream_grant(tc->st, (uint32_t)w);
+	}
+	tc->woff = 0;
+	ev_io_stop(srv->loop, &tc->wio);
+	if (tc->client_fin && !tc->shut_wr) {
+		shutdown(tc->fd, SHUT_WR);
+		tc->shut_wr = true;
+		tc_check_done(tc);
+	}
+}
+
+static void tc_write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	struct tconn *tc = container_of(w, struct tconn, wio);
+	if (tc->connecting) {
+		int soerr = 0;
+		socklen_t sl = sizeof(soerr);
+		if (getsockopt(tc->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
+			soerr = errno;
+		if (soerr == EINPROGRESS || soerr == EALREADY)
+			return;
+		ev_timer_stop(loop, &tc->ctimer);
+		ev_io_stop(loop, &tc->wio);
+		if (soerr != 0) {
+			tc_fail(tc, soerr, "connect");
+			return;
+		}
+		tc->connecting = false;
+		tc_start_relay(tc);
+		/* the stream may have ended in there (EOF with the client's FIN already in) */
+		return;
+	}
+	tc_flush(tc);
+}
+
+static void tc_connect_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	tc_fail(container_of(w, struct tconn, ctimer), ETIMEDOUT, "connect");
+}
+
+static struct tconn *tc_new(struct stream *st, struct tunnel *t, int fd, const char *target)
+{
+	struct tconn *tc = calloc(1, sizeof(*tc));
+	if (tc == NULL)
+		return NULL;
+	tc->st = st;
+	tc->fd = fd;
+	snprintf(tc->target, sizeof(tc->target), "%s", target);
+	ev_io_init(&tc->rio, tc_read_cb, fd, EV_READ);
+	ev_io_init(&tc->wio, tc_write_cb, fd, EV_WRITE);
+	ev_init(&tc->ctimer, tc_connect_timeout_cb);
+	if (t != NULL) {
+		tc->t = t;
+		tc->next = t->conns;
+		if (t->conns != NULL)
+			t->conns->prev = tc;
+		t->conns = tc;
+		t->active++;
+		t->total++;
+	}
+	st->ops = &tc_ops;
+	st->op_data = tc;
+	return tc;
+}
+
+/* ---- tunnels ---- */
+
+static void pending_close(struct tpending *p, bool reset)
+{
+	if (reset) {
+		/* an RST tells the program inside at once that nobody will answer */
+		struct linger lg = {.l_onoff = 1, .l_linger = 0};
+		setsockopt(p->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	}
+	close(p->fd);
+	free(p);
+}
+
+/* Close the listener, drop pending connections and end every connection stream
+ * with ECONNABORTED; unlink the tunnel. Its own stream is the caller's to end. */
+static void tunnel_teardown(struct tunnel *t)
+{
+	struct ev_loop *loop = srv->loop;
+	ev_io_stop(loop, &t->lio);
+	ev_timer_stop(loop, &t->ptimer);
+	if (t->lfd >= 0)
+		close(t->lfd);
+	t->lfd = -1;
+	while (t->pending != NULL) {
+		struct tpending *p = t->pending;
+		t->pending = p->next;
+		pending_close(p, true);
+	}
+	while (t->conns != NULL) {
+		struct tconn *tc = t->conns;
+		struct stream *st = tc->st;
+		char target[80];
+		snprintf(target, sizeof(target), "%s", tc->target);
+		tc_free(tc);
+		struct shim_err e;
+		err_set(&e, ECONNABORTED, target, "tunnel %s closed", t->id);
+		stream_fail(st, &e);
+	}
+	for (struct tunnel **pp = &tunnels; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == t) {
+			*pp = t->next;
+			ntunnels--;
+			break;
+		}
+	}
+	log_info("tunnel %s closed (%" PRIu64 " connections)", t->id, t->total);
+}
+
+static void tunnel_info(const struct tunnel *t, Shim__V1__TunnelInfo *ti)
+{
+	shim__v1__tunnel_info__init(ti);
+	ti->tunnel_id = (char *)t->id;
+	ti->kind = t->kind == TUN_FORWARD ? SHIM__V1__TUNNEL_KIND__TUNNEL_KIND_FORWARD :
+					    SHIM__V1__TUNNEL_KIND__TUNNEL_KIND_REVERSE;
+	ti->host = (char *)t->host;
+	ti->port = t->port;
+	ti->remote = (char *)t->remote;
+	ti->client = (char *)t->st->conn->peer;
+	ti->has_active = ti->has_total = ti->has_bytes_in = ti->has_bytes_out = 1;
+	ti->active = t->active;
+	ti->total = t->total;
+	ti->bytes_in = t->bytes_in;
+	ti->bytes_out = t->bytes_out;
+}
+
+static void tunnel_stream_cancel(struct stream *st)
+{
+	struct tunnel *t = st->op_data;
+	tunnel_teardown(t);
+	free(t);
+}
+
+static const struct stream_ops tunnel_ops = {.cancel = tunnel_stream_cancel};
+
+static void ptimer_arm(struct tunnel *t)
+{
+	if (!ev_is_active(&t->ptimer)) {
+		t->ptimer.repeat = 0.5;
+		ev_timer_again(srv->loop, &t->ptimer);
+	}
+}
+
+static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	struct tunnel *t = container_of(w, struct tunnel, lio);
+	for (int round = 0; round < TUN_ACCEPT_ROUNDS; round++) {
+		/* the owner is not reading its connection: do not queue announcements it
+		 * does not take (retried by the timer) */
+		if (t->npending >= TUN_PENDING_MAX || t->st->conn->outlen > TUN_OWNER_OUT_MAX) {
+			/* the client is not claiming them: let the kernel's backlog hold the
+			 * rest (resumed as pending ones are claimed or expire) */
+			ev_io_stop(loop, &t->lio);
+			ptimer_arm(t);
+			return;
+		}
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				log_warn("tunnel %s: accept: %s", t->id, strerror(errno));
+				ev_io_stop(loop, &t->lio);
+				ptimer_arm(t);
+			}
+			return;
+		}
+		struct tpending *p = calloc(1, sizeof(*p));
+		if (p == NULL) {
+			close(fd);
+			return;
+		}
+		p->id = ++t->next_conn;
+		p->fd = fd;
+		p->at = ev_now(loop);
+		p->next = t->pending;
+		t->pending = p;
+		t->npending++;
+		char peer[80];
+		addr_str(&ss, peer, sizeof(peer));
+		Shim__V1__TunnelIncoming in = SHIM__V1__TUNNEL_INCOMING__INIT;
+		in.conn_id = p->id;
+		in.peer = peer;
+		Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
+		ev.kind_case = SHIM__V1__EVENT__KIND_TUNNEL_INCOMING;
+		ev.tunnel_incoming = &in;
+		send_event(t->st, &ev);
+		ptimer_arm(t);
+	}
+}
+
+static void ptimer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	struct tunnel *t = container_of(w, struct tunnel, ptimer);
+	ev_tstamp now = ev_now(loop);
+	for (struct tpending **pp = &t->pending; *pp != NULL;) {
+		struct tpending *p = *pp;
+		if (now - p->at >= t->accept_timeout) {
+			*pp = p->next;
+			t->npending--;
+			log_info("tunnel %s: connection %" PRIu64 " not claimed in time: closed", t->id, p->id);
+			pending_close(p, true);
+		} else {
+			pp = &p->next;
+		}
+	}
+	if (t->lfd >= 0 && t->npending < TUN_PENDING_MAX)
+		ev_io_start(loop, &t->lio);
+	if (t->pending == NULL && ev_is_active(&t->lio))
+		ev_timer_stop(loop, w);
+}
+
+static struct tunnel *tunnel_new(struct stream *st, enum tun_kind kind, const char *remote, struct shim_err *err)
+{
+	if (ntunnels >= TUN_MAX) {
+		err_set(err, EAGAIN, NULL, "too many tunnels (limit %u)", TUN_MAX);
+		return NULL;
+	}
+	struct tunnel *t = calloc(1, sizeof(*t));
+	if (t == NULL) {
+		err_set(err, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	snprintf(t->id, sizeof(t->id), "t%" PRIu64, next_tunnel++);
+	t->kind = kind;
+	t->st = st;
+	t->lfd = -1;
+	snprintf(t->remote, sizeof(t->remote), "%s", remote != NULL ? remote : "");
+	ev_init(&t->lio, listen_cb);
+	ev_init(&t->ptimer, ptimer_cb);
+	return t;
+}
+
+static void tunnel_publish(struct tunnel *t)
+{
+	t->next = tunnels;
+	tunnels = t;
+	ntunnels++;
+	t->st->ops = &tunnel_ops;
+	t->st->op_data = t;
+	Shim__V1__TunnelReady r = SHIM__V1__TUNNEL_READY__INIT;
+	r.tunnel_id = t->id;
+	r.host = t->host;
+	r.port = t->port;
+	Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
+	ev.kind_case = SHIM__V1__EVENT__KIND_TUNNEL_READY;
+	ev.tunnel_ready = &r;
+	send_event(t->st, &ev);
+	log_info("tunnel %s: %s %s:%u (%s) for %s", t->id, t->kind == TUN_FORWARD ? "forward to" : "listening on",
+		 t->host, t->port, t->remote[0] ? t->remote : "-", t->st->conn->peer);
+}
+
+int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__TunnelListenRequest *r = req->tunnel_listen;
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	char host[64], where[80];
+	if (parse_addr(r->host, r->port, &ss, &sl, host, sizeof(host), err) < 0)
+		return -1;
+	addr_str(&ss, where, sizeof(where));
+	cleanup_close int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return err_set(err, errno, where, "socket");
+	/* lets a port in TIME_WAIT be reused; a port someone listens on is still EADDRINUSE */
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&ss, sl) < 0)
+		return err_set(err, errno, where, "bind");
+	int backlog = r->has_backlog && r->backlog > 0 ? (int)(r->backlog > 4096 ? 4096 : r->backlog) : 128;
+	if (listen(fd, backlog) < 0)
+		return err_set(err, errno, where, "listen");
+	struct sockaddr_storage bound;
+	socklen_t bl = sizeof(bound);
+	if (getsockname(fd, (struct sockaddr *)&bound, &bl) < 0)
+		return err_set(err, errno, where, "getsockname");
+	struct tunnel *t = tunnel_new(st, TUN_REVERSE, r->remote, err);
+	if (t == NULL)
+		return -1;
+	snprintf(t->host, sizeof(t->host), "%s", host);
+	t->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port :
+						     ((struct sockaddr_in6 *)&bound)->sin6_port);
+	t->accept_timeout =
+		(r->has_accept_timeout_ms && r->accept_timeout_ms > 0 ? r->accept_timeout_ms : TUN_ACCEPT_TIMEOUT_MS) /
+		1000.0;
+	t->lfd = steal_fd(fd);
+	ev_io_set(&t->lio, t->lfd, EV_READ);
+	tunnel_publish(t);
+	ev_io_start(srv->loop, &t->lio);
+	return 0;
+}
+
+int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__TunnelForwardRequest *r = req->tunnel_forward;
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	char host[64];
+	if (r->port == 0 || r->port > 65535)
+		return err_set(err, EINVAL, NULL, "port %u out of range (1-65535)", r->port);
+	if (parse_addr(r->host, r->port, &ss, &sl, host, sizeof(host), err) < 0)
+		return -1;
+	struct tunnel *t = tunnel_new(st, TUN_FORWARD, r->remote, err);
+	if (t == NULL)
+		return -1;
+	snprintf(t->host, sizeof(t->host), "%s", host);
+	t->port = r->port;
+	tunnel_publish(t);
+	return 0;
+}
+
+int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__TunnelConnectRequest *r = req->tunnel_connect;
+	struct tunnel *t = NULL;
+	if (r->tunnel_id != NULL && r->tunnel_id[0] != '\0') {
+		t = tunnel_find(r->tunnel_id);
+		/* connections join only the caller's own tunnels */
+		if (t == NULL || t->kind != TUN_FORWARD || t->st->conn != st->conn)
+			return err_set(err, ENOENT, r->tunnel_id, "no such forward tunnel on this connection");
+	}
+	const char *host = r->host != NULL && r->host[0] != '\0' ? r->host : t != NULL ? t->host : NULL;
+	uint32_t port = r->has_port ? r->port : t != NULL ? t->port : 0;
+	if (port == 0 || port > 65535)
+		return err_set(err, EINVAL, NULL, "port %u out of range (1-65535)", port);
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	char h[64], where[80];
+	if (parse_addr(host, port, &ss, &sl, h, sizeof(h), err) < 0)
+		return -1;
+	addr_str(&ss, where, sizeof(where));
+	cleanup_close int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return err_set(err, errno, where, "socket");
+	bool inprogress = false;
+	if (connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+		if (errno != EINPROGRESS)
+			return err_set(err, errno, where, "connect");
+		inprogress = true;
+	}
+	struct tconn *tc = tc_new(st, t, fd, where);
+	if (tc == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	fd = -1;
+	if (inprogress) {
+		tc->connecting = true;
+		ev_io_start(srv->loop, &tc->wio);
+		double to = (r->has_timeout_ms && r->timeout_ms > 0 ? r->timeout_ms : TUN_CONNECT_TIMEOUT_MS) / 1000.0;
+		ev_timer_set(&tc->ctimer, to, 0.);
+		ev_timer_start(srv->loop, &tc->ctimer);
+	} else {
+		tc_start_relay(tc);
+	}
+	return 0;
+}
+
+int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__TunnelAcceptRequest *r = req->tunnel_accept;
+	struct tunnel *t = tunnel_find(r->tunnel_id);
+	if (t == NULL || t->kind != TUN_REVERSE || t->st->conn != st->conn)
+		return err_set(err, ENOENT, r->tunnel_id, "no such reverse tunnel on this connection");
+	struct tpending *p = NULL;
+	for (struct tpending **pp = &t->pending; *pp != NULL; pp = &(*pp)->next) {
+		if ((*pp)->id == r->conn_id) {
+			p = *pp;
+			*pp = p->next;
+			t->npending--;
+			break;
+		}
+	}
+	if (p == NULL)
+		return err_set(err, ENOENT, r->tunnel_id, "connection %" PRIu64 " is not waiting (claimed or expired)",
+			       r->conn_id);
+	if (t->lfd >= 0 && t->npending < TUN_PENDING_MAX)
+		ev_io_start(srv->loop, &t->lio);
+	if (r->has_refuse && r->refuse) {
+		pending_close(p, true);
+		Shim__V1__Done d = SHIM__V1__DONE__INIT;
+		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+		res.kind_case = SHIM__V1__RESULT__KIND_DONE;
+		res.done = &d;
+		op_end(st, &res);
+		return 0;
+	}
+	char peer[80];
+	fd_addr(p->fd, true, peer, sizeof(peer));
+	struct tconn *tc = tc_new(st, t, p->fd, peer);
+	if (tc == NULL) {
+		pending_close(p, true);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	free(p);
+	tc_start_relay(tc);
+	return 0;
+}
+
+int op_tunnel_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	(void)req;
+	Shim__V1__TunnelInfo *infos = calloc(ntunnels ? ntunnels : 1, sizeof(*infos));
+	Shim__V1__TunnelInfo **ptrs = calloc(ntunnels ? ntunnels : 1, sizeof(*ptrs));
+	if (infos == NULL || ptrs == NULL) {
+		free(infos);
+		free(ptrs);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	size_t n = 0;
+	/* oldest first: the list is kept newest first */
+	for (struct tunnel *t = tunnels; t != NULL; t = t->next)
+		n++;
+	size_t i = n;
+	for (struct tunnel *t = tunnels; t != NULL; t = t->next) {
+		i--;
+		tunnel_info(t, &infos[i]);
+		ptrs[i] = &infos[i];
+	}
+	Shim__V1__TunnelList tl = SHIM__V1__TUNNEL_LIST__INIT;
+	tl.n_tunnels = n;
+	tl.tunnels = ptrs;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_TUNNELS;
+	res.tunnels = &tl;
+	op_end(st, &res);
+	free(infos);
+	free(ptrs);
+	return 0;
+}
+
+int op_tunnel_close(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+{
+	const Shim__V1__TunnelCloseRequest *r = req->tunnel_close;
+	struct tunnel *t = tunnel_find(r->tunnel_id);
+	if (t == NULL)
+		return err_set(err, ENOENT, r->tunnel_id, "no such tunnel");
+	tunnel_teardown(t);
+	/* the owner's stream ends with the final figures */
+	Shim__V1__TunnelInfo ti;
+	tunnel_info(t, &ti);
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_TUNNEL;
+	res.tunnel = &ti;
+	struct stream *owner = t->st;
+	char peer[96];
+	snprintf(peer, sizeof(peer), "%s", owner->conn->peer);
+	ti.client = peer;
+	op_end(owner, &res);
+	free(t);
+	Shim__V1__Done d = SHIM__V1__DONE__INIT;
+	Shim__V1__Result done = SHIM__V1__RESULT__INIT;
+	done.kind_case = SHIM__V1__RESULT__KIND_DONE;
+	done.done = &d;
+	op_end(st, &done);
+	return 0;
+}
