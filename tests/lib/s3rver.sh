@@ -107,8 +107,8 @@ s3rver_start()
 s3rver_stop()
 {
 	if [ -n "${S3_PID:-}" ]; then
-		kill "$S3_PID" 2>/dev/null
-		wait "$S3_PID" 2>/dev/null
+		kill "$S3_PID" 2>/dev/null || true
+		wait "$S3_PID" 2>/dev/null || true
 	fi
 	S3_PID=""
 	return 0
