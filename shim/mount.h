@@ -1,4 +1,4 @@
-/* mount.h: S3 bucket mounts through rclone: the blocking steps (worker side) and the hooks the daemon calls. */
+/* mount.h: S3 bucket mounts through rclone: the request checks, the blocking steps (worker side), the children and the daemon hooks. */
 #ifndef SHIM_MOUNT_H
 #define SHIM_MOUNT_H
 
@@ -46,13 +46,37 @@ struct mount_plan {
 
 void mount_plan_free(struct mount_plan *pl);
 
-/* ---- checks on the request's strings (pure; loop or worker). -1 with err. ---- */
+/* ---- checks on the request's strings (mount_req.c; pure: loop or worker). -1 with err. ---- */
 int mount_check_bucket(const char *b, struct shim_err *err);
 int mount_check_endpoint(const char *e, struct shim_err *err);
 int mount_check_prefix(const char *p, struct shim_err *err);
 /* region, provider, access key id, secrets: printable, no spaces or newlines */
 int mount_check_word(const char *what, const char *v, size_t max, bool secret, struct shim_err *err);
 int mount_check_option(const char *name, const char *value, struct shim_err *err);
+
+/* ---- the request (mount_req.c; loop thread) ---- */
+
+struct Shim__V1__MountRequest;
+/* Every check on a mount request that needs no filesystem: its strings, options, path
+ * and timeout. 0, or -1 with err. */
+int mount_check_request(const struct Shim__V1__MountRequest *q, struct shim_err *err);
+/* A new plan (caller frees it with mount_plan_free() and free()) with copies of a
+ * checked request's strings, for the mount at path (trailing slashes gone) with this
+ * id; the secrets are checked once more as C strings. NULL with err. */
+struct mount_plan *mount_plan_new(const struct Shim__V1__MountRequest *q, const char *path, const char *id,
+				  const char *state_dir, struct shim_err *err);
+/* A new random (version 4) UUID as text into out. */
+void mount_new_id(char out[40]);
+
+/* ---- children (mount_spawn.c; loop thread) ---- */
+
+/* fork and exec path with argv and envp (all built before), stdin from /dev/null,
+ * stdout and stderr to out_fd (-1: /dev/null), in cwd (NULL: unchanged) and its own
+ * session, dying with the shim: on the loop thread, so that the caller registers the
+ * pid with the reaper before returning to the loop and no one can collect its status
+ * first. The pid, or -1 with err. */
+pid_t mount_spawn(const char *path, char *const argv[], char *const envp[], int out_fd, const char *cwd,
+		  struct shim_err *err);
 
 /* ---- worker side ---- */
 

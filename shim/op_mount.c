@@ -16,11 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/random.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
-#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -245,54 +241,6 @@ static struct mount *find(struct mount *list, const char *id, const char *path)
 
 /* ================================ rclone ================================ */
 
-/* fork and exec path with argv and envp (all built before), stdin from /dev/null,
- * stdout and stderr to out_fd, in its own session, on the loop thread: the caller
- * registers the pid with the reaper before returning to the loop, so that no one
- * can collect its status first. -1 with err. */
-static pid_t spawn_child(const char *path, char *const argv[], char *const envp[], int out_fd, const char *cwd,
-			 struct shim_err *err)
-{
-	int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (null_fd < 0)
-		return err_set(err, errno, "/dev/null", "open");
-	if (out_fd < 0)
-		out_fd = null_fd;
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pid_t pid = fork();
-	if (pid == 0) {
-		/* the child: async-signal-safe calls only */
-		setsid(); /* its own session: the shim's job-control signals do not reach it */
-		/* if the shim dies without unmounting, rclone unmounts and exits */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		struct sigaction sa;
-		memset(&sa, 0, sizeof(sa));
-		sa.sa_handler = SIG_DFL;
-		for (int sig = 1; sig < NSIG; sig++)
-			sigaction(sig, &sa, NULL);
-		if (dup2(null_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
-			_exit(127);
-		if (cwd != NULL && chdir(cwd) < 0)
-			_exit(127);
-		syscall(SYS_close_range, 3, ~0U, 0);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		execve(path, argv, envp);
-		static const char msg[] = "sandbox-shim: cannot execute the program\n";
-		if (write(2, msg, sizeof(msg) - 1) < 0)
-			_exit(127);
-		_exit(127);
-	}
-	int e = errno;
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	close(null_fd);
-	if (pid < 0)
-		return err_set(err, e, path, "fork");
-	return pid;
-}
-
 static void describe_exit(char *buf, size_t size, int status)
 {
 	if (WIFSIGNALED(status))
@@ -423,7 +371,7 @@ static void start_fusermount(struct mount *m)
 	char *argv[] = {"fusermount3", "-u", m->real, NULL};
 	static char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
 	struct shim_err e;
-	pid_t pid = m->fusermount[0] != '\0' ? spawn_child(m->fusermount, argv, envp, m->fm_log, "/", &e) : -1;
+	pid_t pid = m->fusermount[0] != '\0' ? mount_spawn(m->fusermount, argv, envp, m->fm_log, "/", &e) : -1;
 	if (pid > 0 && reaper_watch(pid, fm_exited, m) < 0) {
 		kill(pid, SIGKILL);
 		pid = -1;
@@ -539,24 +487,17 @@ static void finish_start_failure(struct mount *m)
 	mount_free(m);
 }
 
-static void fail_waiters(struct mount *m, const struct shim_err *e)
+/* Answer every unmount request waiting for m: with e, or (e NULL) with m's record. */
+static void end_waiters(struct mount *m, const struct shim_err *e)
 {
 	while (m->waiters != NULL) {
 		struct waiter *w = m->waiters;
 		m->waiters = w->next;
 		w->st->op_data = NULL;
-		stream_fail(w->st, e);
-		free(w);
-	}
-}
-
-static void answer_waiters(struct mount *m)
-{
-	while (m->waiters != NULL) {
-		struct waiter *w = m->waiters;
-		m->waiters = w->next;
-		w->st->op_data = NULL;
-		reply_record(w->st, m);
+		if (e != NULL)
+			stream_fail(w->st, e);
+		else
+			reply_record(w->st, m);
 		free(w);
 	}
 }
@@ -582,7 +523,7 @@ static void arm_deadline(struct mount *m, double extra)
 static void start_rclone(struct mount *m)
 {
 	struct mount_plan *pl = m->plan;
-	pid_t pid = spawn_child(pl->rclone, pl->argv, pl->envp, pl->log_fd, pl->rundir, &m->fail);
+	pid_t pid = mount_spawn(pl->rclone, pl->argv, pl->envp, pl->log_fd, pl->rundir, &m->fail);
 	if (pid > 0 && reaper_watch(pid, rclone_exited, m) < 0) {
 		kill(pid, SIGKILL);
 		err_set(&m->fail, ENOMEM, NULL, "out of memory");
@@ -633,7 +574,7 @@ static void pf_exited(void *ud, pid_t pid, int status)
 static void start_preflight(struct mount *m)
 {
 	struct mount_plan *pl = m->plan;
-	pid_t pid = spawn_child(pl->rclone, pl->pf_argv, pl->envp, pl->log_fd, pl->rundir, &m->fail);
+	pid_t pid = mount_spawn(pl->rclone, pl->pf_argv, pl->envp, pl->log_fd, pl->rundir, &m->fail);
 	if (pid > 0 && reaper_watch(pid, pf_exited, m) < 0) {
 		kill(pid, SIGKILL);
 		err_set(&m->fail, ENOMEM, NULL, "out of memory");
@@ -748,7 +689,7 @@ static void job_done(struct work *w)
 		if (m->job_rc < 0) {
 			/* uploads still pending: the mount stays as it was */
 			m->state = m->pid > 0 ? SHIM__V1__MOUNT_STATE__MOUNT_LIVE : SHIM__V1__MOUNT_STATE__MOUNT_FAILED;
-			fail_waiters(m, &m->job_err);
+			end_waiters(m, &m->job_err);
 			if (m->pid <= 0)
 				rclone_exited(m, 0, m->status);
 			return;
@@ -772,7 +713,7 @@ static void job_done(struct work *w)
 		}
 		m->state = SHIM__V1__MOUNT_STATE__MOUNT_UNMOUNTED;
 		log_info("mount %s: %s unmounted", m->id, m->path);
-		answer_waiters(m);
+		end_waiters(m, NULL);
 		retire(m);
 		return;
 	case PH_NONE:
@@ -912,94 +853,37 @@ static void mount_stream_cancel(struct stream *st)
 
 static const struct stream_ops mount_ops = {.cancel = mount_stream_cancel};
 
-static void make_id(char out[40])
-{
-	uint8_t r[16];
-	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
-		uint64_t t = mono_ns() ^ (uint64_t)getpid();
-		for (size_t i = 0; i < sizeof(r); i++)
-			r[i] = (uint8_t)(t >> (8 * (i % 8))) ^ (uint8_t)(i * 37);
-	}
-	r[6] = (uint8_t)((r[6] & 0x0f) | 0x40);
-	r[8] = (uint8_t)((r[8] & 0x3f) | 0x80);
-	snprintf(out, 40, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2],
-		 r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
-}
-
-static char *dup_bytes(const ProtobufCBinaryData *b)
-{
-	char *s = malloc(b->len + 1);
-	if (s != NULL) {
-		memcpy(s, b->data, b->len);
-		s[b->len] = '\0';
-	}
-	return s;
-}
-
 static void final_hook(void *ud);
 
 int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__MountRequest *q = req->mount;
 	/* cheap checks first, here; the filesystem ones on the worker */
-	if (mount_check_bucket(q->bucket, err) < 0 || mount_check_endpoint(q->endpoint, err) < 0)
+	if (mount_check_request(q, err) < 0)
 		return -1;
-	if (q->prefix != NULL && q->prefix[0] != '\0' && mount_check_prefix(q->prefix, err) < 0)
-		return -1;
-	if (mount_check_word("access key id", q->access_key_id, 256, true, err) < 0)
-		return -1;
-	if (q->secret_access_key.len > 1024 || memchr(q->secret_access_key.data, 0, q->secret_access_key.len))
-		return err_set(err, EINVAL, NULL, "bad secret key");
-	if (q->has_session_token &&
-	    (q->session_token.len > 8192 || memchr(q->session_token.data, 0, q->session_token.len)))
-		return err_set(err, EINVAL, NULL, "bad session token");
-	if (q->region != NULL && q->region[0] != '\0' && mount_check_word("region", q->region, 64, false, err) < 0)
-		return -1;
-	if (q->provider != NULL && q->provider[0] != '\0' &&
-	    mount_check_word("provider", q->provider, 32, false, err) < 0)
-		return -1;
-	if (q->n_options > MOUNT_MAX_OPTIONS)
-		return err_set(err, EINVAL, NULL, "too many rclone options (at most %d)", MOUNT_MAX_OPTIONS);
-	for (size_t i = 0; i < q->n_options; i++)
-		if (mount_check_option(q->options[i]->name, q->options[i]->value, err) < 0)
-			return -1;
-	if (q->path.len == 0 || q->path.data[0] != '/')
-		return err_setn(err, EINVAL, q->path.data, q->path.len, "the mount path must be absolute");
-	if (q->path.len >= PATH_MAX || memchr(q->path.data, 0, q->path.len) != NULL)
-		return err_setn(err, q->path.len >= PATH_MAX ? ENAMETOOLONG : EINVAL, q->path.data,
-				q->path.len >= 1024 ? 1024 : q->path.len, "bad mount path");
-	if (q->has_timeout_ms && (q->timeout_ms < 100 || q->timeout_ms > MOUNT_MAX_TIMEOUT_MS))
-		return err_set(err, EINVAL, NULL, "timeout_ms must be 100 to %d", MOUNT_MAX_TIMEOUT_MS);
 	if (mt.n >= MOUNT_MAX)
 		return err_set(err, EMFILE, NULL, "too many mounts (at most %d)", MOUNT_MAX);
 
 	struct mount *m = calloc(1, sizeof(*m));
-	struct mount_plan *pl = calloc(1, sizeof(*pl));
-	if (m == NULL || pl == NULL) {
-		free(m);
-		free(pl);
+	if (m == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
-	pl->log_fd = -1;
 	m->fm_log = -1;
-	m->plan = pl;
 	memcpy(m->path, q->path.data, q->path.len);
 	while (strlen(m->path) > 1 && m->path[strlen(m->path) - 1] == '/')
 		m->path[strlen(m->path) - 1] = '\0';
 	if (find(mt.list, NULL, m->path) != NULL) {
 		mount_free(m);
-		err_set(err, EBUSY, NULL, "a mount at this path exists already");
-		err_setn(err, EBUSY, q->path.data, q->path.len < 1024 ? q->path.len : 1023,
-			 "a mount at this path exists already");
-		return -1;
+		return err_setn(err, EBUSY, q->path.data, q->path.len < 1024 ? q->path.len : 1023,
+				"a mount at this path exists already");
 	}
-	make_id(m->id);
+	mount_new_id(m->id);
 	time_t now = time(NULL);
 	struct tm tm;
 	gmtime_r(&now, &tm);
 	strftime(m->created_at, sizeof(m->created_at), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	bool has_prefix = q->prefix != NULL && q->prefix[0] != '\0';
 	m->bucket = strdup(q->bucket);
-	m->prefix = q->prefix != NULL && q->prefix[0] != '\0' ? strdup(q->prefix) : NULL;
+	m->prefix = has_prefix ? strdup(q->prefix) : NULL;
 	m->endpoint = strdup(q->endpoint);
 	m->read_only = q->has_read_only && q->read_only;
 	m->timeout_ms = q->has_timeout_ms ? q->timeout_ms : MOUNT_DEFAULT_TIMEOUT_MS;
@@ -1008,35 +892,12 @@ int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *e
 	ev_init(&m->timer, stop_timer_cb);
 	ev_init(&m->fm_timer, fm_timer_cb);
 	ev_init(&m->wait_timer, wait_timer_cb);
-	m->fm_log = -1;
-
-	pl->bucket = strdup(q->bucket);
-	pl->prefix = m->prefix != NULL ? strdup(m->prefix) : NULL;
-	pl->endpoint = strdup(q->endpoint);
-	pl->region = q->region != NULL && q->region[0] != '\0' ? strdup(q->region) : NULL;
-	pl->provider = q->provider != NULL && q->provider[0] != '\0' ? strdup(q->provider) : NULL;
-	pl->access_key = strdup(q->access_key_id);
-	pl->secret = dup_bytes(&q->secret_access_key);
-	pl->session_token = q->has_session_token && q->session_token.len > 0 ? dup_bytes(&q->session_token) : NULL;
-	snprintf(pl->path, sizeof(pl->path), "%s", m->path);
-	pl->read_only = m->read_only;
-	pl->allow_non_empty = q->has_allow_non_empty && q->allow_non_empty;
-	snprintf(pl->state_dir, sizeof(pl->state_dir), "%s", srv->cfg.state_dir);
-	snprintf(pl->id, sizeof(pl->id), "%s", m->id);
-	bool oom = m->bucket == NULL || m->endpoint == NULL || pl->bucket == NULL || pl->endpoint == NULL ||
-		   pl->access_key == NULL || pl->secret == NULL || (m->prefix != NULL && pl->prefix == NULL);
-	for (size_t i = 0; i < q->n_options && !oom; i++) {
-		pl->opt_name[i] = strdup(q->options[i]->name);
-		pl->opt_value[i] = q->options[i]->value != NULL ? strdup(q->options[i]->value) : NULL;
-		pl->n_opts = i + 1;
-		oom = pl->opt_name[i] == NULL || (q->options[i]->value != NULL && pl->opt_value[i] == NULL);
+	if (m->bucket == NULL || m->endpoint == NULL || (has_prefix && m->prefix == NULL)) {
+		mount_free(m);
+		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	if (!oom && pl->secret != NULL && mount_check_word("secret key", pl->secret, 1024, true, err) == 0 &&
-	    (pl->session_token == NULL || mount_check_word("session token", pl->session_token, 8192, true, err) == 0)) {
-		/* fine */
-	} else {
-		if (oom)
-			err_set(err, ENOMEM, NULL, "out of memory");
+	m->plan = mount_plan_new(q, m->path, m->id, srv->cfg.state_dir, err);
+	if (m->plan == NULL) {
 		mount_free(m);
 		return -1;
 	}

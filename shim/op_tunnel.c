@@ -8,6 +8,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "log.h"
+#include "netaddr.h"
 #include "ops.h"
 #include "server.h"
 #include "util.h"
@@ -97,14 +98,8 @@ static int parse_addr(const char *host, uint32_t port, struct sockaddr_storage *
 	if (port > 65535)
 		return err_set(err, EINVAL, host, "port %u out of range", port);
 	char h[64];
-	size_t hl = strlen(host);
-	if (hl >= sizeof(h))
+	if (netaddr_unbracket(host, h, sizeof(h)) < 0)
 		return err_set(err, EINVAL, host, "address too long");
-	memcpy(h, host, hl + 1);
-	if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
-		memmove(h, h + 1, hl - 2);
-		h[hl - 2] = '\0';
-	}
 	memset(ss, 0, sizeof(*ss));
 	struct sockaddr_in *in4 = (struct sockaddr_in *)ss;
 	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
@@ -123,22 +118,6 @@ static int parse_addr(const char *host, uint32_t port, struct sockaddr_storage *
 	return 0;
 }
 
-static void addr_str(const struct sockaddr_storage *ss, char *out, size_t size)
-{
-	char h[INET6_ADDRSTRLEN];
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
-		inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h));
-		snprintf(out, size, "%s:%u", h, ntohs(a->sin_port));
-	} else if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
-		inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h));
-		snprintf(out, size, "[%s]:%u", h, ntohs(a->sin6_port));
-	} else {
-		snprintf(out, size, "?");
-	}
-}
-
 static void fd_addr(int fd, bool peer, char *out, size_t size)
 {
 	struct sockaddr_storage ss;
@@ -147,7 +126,7 @@ static void fd_addr(int fd, bool peer, char *out, size_t size)
 	if (rc < 0)
 		snprintf(out, size, "?");
 	else
-		addr_str(&ss, out, size);
+		netaddr_format(&ss, out, size);
 }
 
 static void send_event(struct stream *st, const Shim__V1__Event *ev)
@@ -560,7 +539,7 @@ static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 		t->pending = p;
 		t->npending++;
 		char peer[80];
-		addr_str(&ss, peer, sizeof(peer));
+		netaddr_format(&ss, peer, sizeof(peer));
 		Shim__V1__TunnelIncoming in = SHIM__V1__TUNNEL_INCOMING__INIT;
 		in.conn_id = p->id;
 		in.peer = peer;
@@ -642,7 +621,7 @@ int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shi
 	char host[64], where[80];
 	if (parse_addr(r->host, r->port, &ss, &sl, host, sizeof(host), err) < 0)
 		return -1;
-	addr_str(&ss, where, sizeof(where));
+	netaddr_format(&ss, where, sizeof(where));
 	cleanup_close int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return err_set(err, errno, where, "socket");
@@ -712,7 +691,7 @@ int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct sh
 	char h[64], where[80];
 	if (parse_addr(host, port, &ss, &sl, h, sizeof(h), err) < 0)
 		return -1;
-	addr_str(&ss, where, sizeof(where));
+	netaddr_format(&ss, where, sizeof(where));
 	cleanup_close int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return err_set(err, errno, where, "socket");

@@ -36,6 +36,19 @@ static void record_from(struct sbx_mount_record *out, const Shim__V1__MountRecor
 	out->created_dir = r->has_created_dir && r->created_dir;
 }
 
+/* Send req (mount or unmount) and wait for its mount result; its record into rec (if given). */
+static int call_record(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
+		       struct sbx_mount_record *rec, struct sbx_error *err)
+{
+	Shim__V1__Result *r = sbx__call_simple(c, opts, req, SHIM__V1__RESULT__KIND_MOUNT, err);
+	if (r == NULL)
+		return -1;
+	if (rec != NULL)
+		record_from(rec, r->mount);
+	shim__v1__result__free_unpacked(r, NULL);
+	return 0;
+}
+
 /* The caller's options, copied into a full-size struct (older, shorter ones get zeros). */
 static int take_opts(struct sbx_mount_opts *o, const struct sbx_mount_opts *mo, struct sbx_error *err)
 {
@@ -121,13 +134,7 @@ SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, co
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_MOUNT;
 	req.mount = &m;
-	Shim__V1__Result *r = sbx__call_simple(c, opts, &req, SHIM__V1__RESULT__KIND_MOUNT, err);
-	if (r == NULL)
-		return -1;
-	if (rec != NULL)
-		record_from(rec, r->mount);
-	shim__v1__result__free_unpacked(r, NULL);
-	return 0;
+	return call_record(c, opts, &req, rec, err);
 }
 
 SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record **out,
@@ -195,13 +202,7 @@ SBX_API int sbx_unmount(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_UNMOUNT;
 	req.unmount = &u;
-	Shim__V1__Result *r = sbx__call_simple(c, opts, &req, SHIM__V1__RESULT__KIND_MOUNT, err);
-	if (r == NULL)
-		return -1;
-	if (rec != NULL)
-		record_from(rec, r->mount);
-	shim__v1__result__free_unpacked(r, NULL);
-	return 0;
+	return call_record(c, opts, &req, rec, err);
 }
 
 /* ---- JSON ---- */

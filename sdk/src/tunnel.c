@@ -7,6 +7,7 @@
  * handed back only once written; the local socket is read only while the shim has
  * granted credit. So a slow reader at either end stalls only its own connection. */
 #include "internal.h"
+#include "netaddr.h"
 #include "shim.pb-c.h"
 
 #include <arpa/inet.h>
@@ -90,22 +91,6 @@ static uint64_t ms_from_now(int ms)
 	return sbx__now_ns() + (uint64_t)ms * 1000000u;
 }
 
-static void addr_str(const struct sockaddr_storage *ss, char *out, size_t size)
-{
-	char h[INET6_ADDRSTRLEN];
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
-		inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h));
-		snprintf(out, size, "%s:%u", h, ntohs(a->sin_port));
-	} else if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
-		inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h));
-		snprintf(out, size, "[%s]:%u", h, ntohs(a->sin6_port));
-	} else {
-		snprintf(out, size, "?");
-	}
-}
-
 /* host (NULL: 127.0.0.1; [v6] allowed) and port to one address. */
 static int resolve(const char *host, unsigned port, bool passive, struct sockaddr_storage *ss, socklen_t *len,
 		   struct sbx_error *err)
@@ -113,14 +98,8 @@ static int resolve(const char *host, unsigned port, bool passive, struct sockadd
 	char h[256];
 	if (host == NULL || host[0] == '\0')
 		host = "127.0.0.1";
-	size_t hl = strlen(host);
-	if (hl >= sizeof(h))
+	if (netaddr_unbracket(host, h, sizeof(h)) < 0)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, host, "host name too long");
-	memcpy(h, host, hl + 1);
-	if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
-		memmove(h, h + 1, hl - 2);
-		h[hl - 2] = '\0';
-	}
 	char ps[16];
 	snprintf(ps, sizeof(ps), "%u", port);
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
@@ -243,7 +222,7 @@ static void forward_accept(struct sbx_tunnel *t)
 			close_reset(fd);
 			return;
 		}
-		addr_str(&ss, tc->from, sizeof(tc->from));
+		netaddr_format(&ss, tc->from, sizeof(tc->from));
 		snprintf(tc->to, sizeof(tc->to), "%s", t->guest);
 		tc->state = TC_WAIT_CONNECTED;
 		Shim__V1__TunnelConnectRequest cr = SHIM__V1__TUNNEL_CONNECT_REQUEST__INIT;
@@ -784,6 +763,18 @@ static int tunnel_start(struct sbx_tunnel *t, const Shim__V1__Request *req, stru
 	return 0;
 }
 
+/* tunnel_start(), then hand t over in *out; t is freed when it fails. */
+static int tunnel_open(struct sbx_tunnel *t, const Shim__V1__Request *req, struct sbx_tunnel **out,
+		       struct sbx_error *err)
+{
+	if (tunnel_start(t, req, err) < 0) {
+		tunnel_free(t);
+		return -1;
+	}
+	*out = t;
+	return 0;
+}
+
 SBX_API int sbx_forward_open(struct sbx_client *c, const char *bind_host, unsigned bind_port, const char *guest_host,
 			     unsigned guest_port, const struct sbx_tunnel_opts *opts, struct sbx_tunnel **out,
 			     struct sbx_error *err)
@@ -800,7 +791,7 @@ SBX_API int sbx_forward_open(struct sbx_client *c, const char *bind_host, unsign
 	if (t == NULL)
 		return -1;
 	char where[80];
-	addr_str(&ss, where, sizeof(where));
+	netaddr_format(&ss, where, sizeof(where));
 	t->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	int one = 1;
 	if (t->lfd < 0 || setsockopt(t->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
@@ -814,7 +805,7 @@ SBX_API int sbx_forward_open(struct sbx_client *c, const char *bind_host, unsign
 	socklen_t bl = sizeof(bound);
 	getsockname(t->lfd, (struct sockaddr *)&bound, &bl);
 	char bstr[80];
-	addr_str(&bound, bstr, sizeof(bstr));
+	netaddr_format(&bound, bstr, sizeof(bstr));
 	t->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port :
 						      ((struct sockaddr_in *)&bound)->sin_port);
 
@@ -825,12 +816,7 @@ SBX_API int sbx_forward_open(struct sbx_client *c, const char *bind_host, unsign
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD;
 	req.tunnel_forward = &fr;
-	if (tunnel_start(t, &req, err) < 0) {
-		tunnel_free(t);
-		return -1;
-	}
-	*out = t;
-	return 0;
+	return tunnel_open(t, &req, out, err);
 }
 
 SBX_API int sbx_reverse_open(struct sbx_client *c, const char *guest_host, unsigned guest_port, const char *local_host,
@@ -848,7 +834,7 @@ SBX_API int sbx_reverse_open(struct sbx_client *c, const char *guest_host, unsig
 		tunnel_free(t);
 		return -1;
 	}
-	addr_str(&t->local, t->local_str, sizeof(t->local_str));
+	netaddr_format(&t->local, t->local_str, sizeof(t->local_str));
 	Shim__V1__TunnelListenRequest lr = SHIM__V1__TUNNEL_LISTEN_REQUEST__INIT;
 	lr.host = (char *)(uintptr_t)guest_host;
 	lr.port = guest_port;
@@ -860,12 +846,7 @@ SBX_API int sbx_reverse_open(struct sbx_client *c, const char *guest_host, unsig
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN;
 	req.tunnel_listen = &lr;
-	if (tunnel_start(t, &req, err) < 0) {
-		tunnel_free(t);
-		return -1;
-	}
-	*out = t;
-	return 0;
+	return tunnel_open(t, &req, out, err);
 }
 
 SBX_API const char *sbx_tunnel_id(const struct sbx_tunnel *t)

@@ -169,6 +169,16 @@ wait_gone()
 	return 1
 }
 
+# stop_quickly CTR: podman stop CTR (grace 20 s) and fail unless it took under 8 s
+stop_quickly()
+{
+	local ts ms
+	ts=$(date +%s%N)
+	podman stop -t 20 "$1" >/dev/null || fail "podman stop $1"
+	ms=$((($(date +%s%N) - ts) / 1000000))
+	[ "$ms" -lt 8000 ] || fail "podman stop $1 took $ms ms"
+}
+
 # ---------------------------------------------------------------------------------------------
 step prereq "podman, runc, debootstrap"
 [ "${SBX_SKIP_E2E:-0}" = 1 ] && skip "SBX_SKIP_E2E=1"
@@ -511,10 +521,7 @@ if sbxt "$S2" ping --wait 30 >/dev/null; then
 		tr "\0" " " 2>/dev/null <$p/cmdline | grep -q "^sh -c echo workload-up" && sed -n "s/^PPid:\t//p" $p/status; done; true')
 	want_eq "$wl" 1 "parent of the workload"
 	sleep 0.2
-	ts=$(date +%s%N)
-	podman stop -t 20 "$C2" >/dev/null || fail "podman stop $C2"
-	ms=$((($(date +%s%N) - ts) / 1000000))
-	[ "$ms" -lt 8000 ] || fail "podman stop $C2 took $ms ms"
+	stop_quickly "$C2"
 	want_eq "$(podman inspect "$C2" --format '{{.State.ExitCode}}')" 3 "the container exits with the workload's status"
 	logs=$(podman logs "$C2" 2>&1)
 	want_in "$logs" "workload-up" "the workload's output"
@@ -552,10 +559,7 @@ if sbxt "$S3" ping --wait 30 >/dev/null; then
 	want_eq "$(ppid_of "$C3" "$op")" "$spid" "an orphan of a command is the shim's (subreaper)"
 	wait_gone "$C3" "$op" 5 || fail "orphan $op not reaped by the shim"
 	no_zombies "$C3"
-	ts=$(date +%s%N)
-	podman stop -t 20 "$C3" >/dev/null || fail "podman stop $C3"
-	ms=$((($(date +%s%N) - ts) / 1000000))
-	[ "$ms" -lt 8000 ] || fail "podman stop $C3 took $ms ms"
+	stop_quickly "$C3"
 	want_eq "$(podman inspect "$C3" --format '{{.State.ExitCode}}')" 0 "exit code of $C3"
 	logs=$(podman logs "$C3" 2>&1)
 	want_in "$logs" "shutting down (SIGTERM)" "the init's SIGTERM reached the shim"

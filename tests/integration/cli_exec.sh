@@ -17,7 +17,7 @@ export LC_ALL=C
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/sbx-cli-exec.XXXXXX") || exit 1
 T=$(cd "$T" && pwd -P)
-# cleanup, fail, start_daemon, run, has, hasnt, empty, py
+# cleanup, fail, start_daemon, run, has, hasnt, empty, py, run_sections, stop_daemon, finish
 # shellcheck source-path=SCRIPTDIR source=cli_lib.sh
 . "$(dirname "$0")/cli_lib.sh"
 DAEMON_ENV=(LEAKME=from-the-daemon)
@@ -431,22 +431,6 @@ start_daemon shim --listen "unix:$T/s"
 TARGET="unix:$T/s"
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(usage codes streams stdin sh eval procs signals tty)
-for SECTION in "${SECTIONS[@]}"; do
-	before=$FAILS
-	"sec_$SECTION"
-	if [ "$FAILS" -eq "$before" ]; then
-		echo "$SECTION: ok"
-	else
-		echo "$SECTION: FAILED ($((FAILS - before)) checks)"
-	fi
-done
-kill -TERM "$DPID"
-wait "$DPID" || {
-	SECTION=main
-	fail "the daemon did not exit 0 after SIGTERM: $(tail -n 5 "$T/shim.log")"
-}
-if [ "$FAILS" -ne 0 ]; then
-	echo "FAIL: $FAILS checks failed" >&2
-	exit 1
-fi
-echo "cli_exec: ok"
+run_sections "${SECTIONS[@]}"
+stop_daemon
+finish cli_exec

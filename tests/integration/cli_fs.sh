@@ -17,7 +17,7 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/sbx-cli-fs.XXXXXX") || exit 1
 T=$(cd "$T" && pwd -P)
 D=$T/d
 mkdir "$D"
-# cleanup, fail, start_daemon, run, has, hasnt, empty, py
+# cleanup, fail, start_daemon, run, has, hasnt, empty, py, run_sections, stop_daemon, finish
 # shellcheck source-path=SCRIPTDIR source=cli_lib.sh
 . "$(dirname "$0")/cli_lib.sh"
 
@@ -770,22 +770,6 @@ start_daemon shim --listen "unix:$T/s"
 TARGET="unix:$T/s"
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(usage cat_put stat ls mkdir_rm mv_cp attrs df watch root)
-for SECTION in "${SECTIONS[@]}"; do
-	before=$FAILS
-	"sec_$SECTION"
-	if [ "$FAILS" -eq "$before" ]; then
-		echo "$SECTION: ok"
-	else
-		echo "$SECTION: FAILED ($((FAILS - before)) checks)"
-	fi
-done
-kill -TERM "$DPID"
-wait "$DPID" || {
-	SECTION=main
-	fail "the daemon did not exit 0 after SIGTERM: $(tail -n 5 "$T/shim.log")"
-}
-if [ "$FAILS" -ne 0 ]; then
-	echo "FAIL: $FAILS checks failed" >&2
-	exit 1
-fi
-echo "cli_fs: ok"
+run_sections "${SECTIONS[@]}"
+stop_daemon
+finish cli_fs

@@ -1,4 +1,4 @@
-# cli_lib.sh: the helpers shared by cli_fs.sh, cli_exec.sh and cli_backup.sh; sourced, not run.
+# cli_lib.sh: the helpers shared by the cli_*.sh scripts; sourced, not run.
 #
 # The sourcing script sets SHIM, SBX and T (its mktemp -d directory) first. This file then sets
 # PIDS, FAILS, SECTION, the cleanup trap and the check helpers below. Knobs a script may set after
@@ -107,4 +107,40 @@ py()
 	local code=$1 msg
 	shift
 	msg=$(python3 -c "$code" "$@" 2>&1) || fail "python check: $msg"
+}
+
+# run_sections NAME...: run sec_NAME for each NAME, every one even after a failure, and print
+# "NAME: ok" or "NAME: FAILED (N checks)" after each.
+run_sections()
+{
+	local before
+	for SECTION in "$@"; do
+		before=$FAILS
+		"sec_$SECTION"
+		if [ "$FAILS" -eq "$before" ]; then
+			echo "$SECTION: ok"
+		else
+			echo "$SECTION: FAILED ($((FAILS - before)) checks)"
+		fi
+	done
+}
+
+# stop_daemon: SIGTERM the daemon start_daemon started; a failed check unless it exits 0.
+stop_daemon()
+{
+	kill -TERM "$DPID"
+	wait "$DPID" || {
+		SECTION=main
+		fail "the daemon did not exit 0 after SIGTERM: $(tail -n 5 "$T/shim.log")"
+	}
+}
+
+# finish NAME: exit 1 if any check failed, else print "NAME: ok".
+finish()
+{
+	if [ "$FAILS" -ne 0 ]; then
+		echo "FAIL: $FAILS checks failed" >&2
+		exit 1
+	fi
+	echo "$1: ok"
 }

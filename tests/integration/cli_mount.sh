@@ -17,7 +17,7 @@ export LC_ALL=C
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/sbx-cli-mount.XXXXXX") || exit 1
 T=$(cd "$T" && pwd -P)
-# cleanup, fail, start_daemon, run, has, hasnt, empty, py
+# cleanup, fail, start_daemon, run, has, hasnt, empty, py, run_sections, stop_daemon, finish
 # shellcheck source-path=SCRIPTDIR source=cli_lib.sh
 . "$(dirname "$0")/cli_lib.sh"
 # s3rver_install, s3rver_start, s3rver_stop, s3_rclone
@@ -170,23 +170,7 @@ sec_errors()
 
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(usage env credfile errors)
-for SECTION in "${SECTIONS[@]}"; do
-	before=$FAILS
-	"sec_$SECTION"
-	if [ "$FAILS" -eq "$before" ]; then
-		echo "$SECTION: ok"
-	else
-		echo "$SECTION: FAILED ($((FAILS - before)) checks)"
-	fi
-done
-kill -TERM "$DPID"
-wait "$DPID" || {
-	SECTION=main
-	fail "the daemon did not exit 0 after SIGTERM: $(tail -n 5 "$T/shim.log")"
-}
+run_sections "${SECTIONS[@]}"
+stop_daemon
 s3rver_stop
-if [ "$FAILS" -ne 0 ]; then
-	echo "FAIL: $FAILS checks failed" >&2
-	exit 1
-fi
-echo "cli_mount: ok"
+finish cli_mount

@@ -1,6 +1,7 @@
 /* harness.c: checks, the per-case temp dir, the watchdog, and daemons started and stopped by PID. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -168,6 +169,28 @@ void it_write_file(const char *path, const char *content)
 	size_t len = strlen(content);
 	CHECK(write(fd, content, len) == (ssize_t)len);
 	close(fd);
+}
+
+unsigned it_count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (d == NULL && errno == ENOENT)
+		return 0;
+	CHECKF(d != NULL, "opendir %s: %s", dir, strerror(errno));
+	unsigned n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n;
+}
+
+unsigned it_count_fds(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	return it_count_entries(path);
 }
 
 void it_fill(void *buf, size_t len, uint64_t seed)

@@ -117,6 +117,11 @@ const char *it_tcp_target(unsigned port);
 void it_fill(void *buf, size_t len, uint64_t seed);
 /* Write a file (mode 0600) or fail. */
 void it_write_file(const char *path, const char *content);
+/* Entries of dir whose names do not start with '.'; 0 when dir does not exist. Fails
+ * the test when it cannot be read otherwise. */
+unsigned it_count_entries(const char *dir);
+/* The file descriptors process pid holds (entries of /proc/PID/fd). */
+unsigned it_count_fds(pid_t pid);
 
 /* it_daemon_start() for a daemon run through another program, e.g. unshare ...
  * sh -c '... exec SHIM_BIN ...': argv[0] is looked up in PATH; the program must end

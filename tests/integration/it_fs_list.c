@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <linux/capability.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -1449,21 +1448,6 @@ static int case_watch_overflow(void)
 	return 0;
 }
 
-static unsigned count_fds(pid_t pid)
-{
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-	DIR *d = opendir(path);
-	CHECK(d != NULL);
-	unsigned n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL)
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
-
 /* Out of file descriptors (the same errno as out of inotify instances): EMFILE,
  * reported on that watch; the others go on, and the daemon recovers. */
 static int case_watch_emfile(void)
@@ -1472,7 +1456,7 @@ static int case_watch_emfile(void)
 	struct sbx_client *c = start(&d, NULL);
 	struct sbx_error err;
 	CHECK_SBX(sbx_ping(c, NULL, NULL, &err), &err);
-	unsigned base = count_fds(d->pid);
+	unsigned base = it_count_fds(d->pid);
 	struct rlimit rl;
 	CHECK(prlimit(d->pid, RLIMIT_NOFILE, NULL, &rl) == 0);
 	struct rlimit low = {.rlim_cur = base + 4, .rlim_max = rl.rlim_max};

@@ -257,20 +257,6 @@ static bool exists(const char *path)
 	return lstat(path, &st) == 0;
 }
 
-static size_t count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (d == NULL)
-		return 0;
-	size_t n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL)
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
-
 static int sh_status(struct sbx_client *c, const char *cmd, char *err_out, size_t size)
 {
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
@@ -470,7 +456,7 @@ static int case_prefix(void)
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(strcmp(rec.prefix, "inside") == 0);
-	CHECK_EQ(count_entries(mnt), 1);
+	CHECK_EQ(it_count_entries(mnt), 1);
 	char p[1200];
 	snprintf(p, sizeof(p), "%s/a.txt", mnt);
 	CHECK(strcmp(read_str(c, p), "in") == 0);
@@ -502,7 +488,7 @@ static void check_nothing_left(struct sbx_client *c, const char *mnt)
 	CHECK(!exists(mnt));
 	char d[1100];
 	snprintf(d, sizeof(d), "%s/mounts", it_path("state"));
-	CHECK_EQ(count_entries(d), 0);
+	CHECK_EQ(it_count_entries(d), 0);
 	struct sbx_mount_record *v;
 	size_t n;
 	CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);

@@ -10,7 +10,6 @@
 #include "shim.pb-c.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -303,27 +302,12 @@ static void tlog_wait(struct tlog *l, int *field, int want)
 
 /* ---- the shim's fds ---- */
 
-static int shim_fds(pid_t pid)
-{
-	char p[64];
-	snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
-	DIR *d = opendir(p);
-	CHECK(d != NULL);
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL)
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
-
-static void wait_fds(pid_t pid, int want)
+static void wait_fds(pid_t pid, unsigned want)
 {
 	uint64_t until = it_now_ms() + 10000;
-	while (shim_fds(pid) != want && it_now_ms() < until)
+	while (it_count_fds(pid) != want && it_now_ms() < until)
 		it_sleep_ms(10);
-	CHECKF(shim_fds(pid) == want, "the shim holds %d fds, %d before the tunnel", shim_fds(pid), want);
+	CHECKF(it_count_fds(pid) == want, "the shim holds %u fds, %u before the tunnel", it_count_fds(pid), want);
 }
 
 static size_t list_count(struct sbx_client *c)
@@ -754,7 +738,7 @@ static int case_close_inflight(void)
 	struct sbx_client *c2 = it_connect(it_unix_target(it_path("s.sock")), NULL);
 	struct sbx_error err;
 	pid_t pid = (pid_t)sbx_client_server(c)->pid;
-	int base = shim_fds(pid);
+	unsigned base = it_count_fds(pid);
 	struct srv s;
 	srv_start(&s, stream_forever_fn);
 	struct reader r[5];
@@ -769,7 +753,7 @@ static int case_close_inflight(void)
 	unsigned hp = sbx_tunnel_port(t);
 	readers_start(r, 5, hp);
 	readers_wait_flowing(r, 5);
-	CHECK(shim_fds(pid) >= base + 5);
+	CHECK(it_count_fds(pid) >= base + 5);
 	sbx_tunnel_close(t);
 	readers_wait_end(r, 5);
 	uint64_t until = it_now_ms() + 10000;

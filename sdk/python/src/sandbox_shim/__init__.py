@@ -26,26 +26,8 @@ from .aio import AsyncProcess, AsyncShim
 from .backups import Backups
 from .client import Shim
 from .commands import Commands, Process, signal_number
-from .errors import (
-    SandboxAbortError,
-    SandboxBusyError,
-    SandboxConnectionError,
-    SandboxDirectoryNotEmptyError,
-    SandboxError,
-    SandboxEvalError,
-    SandboxFileExistsError,
-    SandboxFileNotFoundError,
-    SandboxInvalidArgumentError,
-    SandboxIsADirectoryError,
-    SandboxNoSpaceError,
-    SandboxNotADirectoryError,
-    SandboxPermissionError,
-    SandboxProcessLookupError,
-    SandboxProtocolError,
-    SandboxReadOnlyError,
-    SandboxTimeoutError,
-    SandboxUnsupportedError,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403 (the names are listed in errors.__all__)
 from .files import Files
 from .mounts import MountRecord, Mounts
 from .tunnels import TunnelEvent, TunnelHandle, TunnelInfo
@@ -102,27 +84,10 @@ __all__ = [
     "DirectoryBackupRecord",
     "RestoreResult",
     "ShimInfo",
-    "SandboxError",
-    "SandboxAbortError",
-    "SandboxTimeoutError",
-    "SandboxConnectionError",
-    "SandboxProtocolError",
-    "SandboxInvalidArgumentError",
-    "SandboxFileNotFoundError",
-    "SandboxFileExistsError",
-    "SandboxPermissionError",
-    "SandboxNotADirectoryError",
-    "SandboxIsADirectoryError",
-    "SandboxDirectoryNotEmptyError",
-    "SandboxReadOnlyError",
-    "SandboxNoSpaceError",
-    "SandboxProcessLookupError",
-    "SandboxBusyError",
-    "SandboxUnsupportedError",
-    "SandboxEvalError",
     "LibraryNotFoundError",
     "library_path",
     "libsbx_version",
     "errno_name",
     "signal_number",
 ]
+__all__ += errors.__all__

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _lib
 from ._lib import lib
@@ -20,6 +20,8 @@ from .errors import (
 )
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+_H = TypeVar("_H", bound="HandleOwner")
 
 ECANCELED = 125
 ECONNABORTED = 103
@@ -237,6 +239,31 @@ class CallScope:
     def fail(self) -> None:
         """Raise the exception for self.err."""
         raise_error(self.err, aborted=self.aborted, closed=self.core.closed)
+
+
+class HandleOwner:
+    """Base of the objects that own a libsbx handle (``_h``) on a client (``_core``):
+    a context manager whose exit calls close(), and a handle still open when the object
+    is collected is closed then, unless the client is closed already."""
+
+    _h: int
+    _core: "Core"
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._h and not self._core.closed:
+                self.close()
+        except Exception:
+            pass
 
 
 class Core:

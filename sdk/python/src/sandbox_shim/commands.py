@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _lib
-from ._core import CallScope, Core, check_type, cstr, raise_error, strv, text, timeout_ms
+from ._core import CallScope, Core, HandleOwner, check_type, cstr, raise_error, strv, text, timeout_ms
 from ._lib import lib
 from .errors import SandboxEvalError
 from .types import CommandResult, OutputChunk, ProcessInfo, utc
@@ -165,7 +165,7 @@ def _stdin_bytes(stdin: Any) -> Optional[bytes]:
     raise TypeError(f"stdin must be str, bytes or a readable file-like object, not {type(stdin).__name__}")
 
 
-class Process:
+class Process(HandleOwner):
     """A command started with commands.start(): stream its output, write its stdin,
     signal it, wait for it. Use it in a ``with`` block: leaving the block (or close())
     kills the command if it still runs (a detached process is only detached from).
@@ -329,19 +329,6 @@ class Process:
                 while self._busy:
                     self._cv.wait(0.05)
         self._free()
-
-    def __enter__(self) -> "Process":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if self._h and not self._core.closed:
-                self.close()
-        except Exception:
-            pass
 
 
 class Commands:

@@ -106,6 +106,19 @@ class _Sink:
             return ECANCELED
 
 
+def _read(s: CallScope, p: bytes, offset: int, ln: int, write: Callable[[bytes], Any]) -> int:
+    """sbx_read_file() of ``ln`` bytes (or TO_END) from ``offset`` in the call ``s``,
+    each chunk passed to ``write``; returns the byte count. An exception raised by
+    ``write`` is raised again here."""
+    sink = _Sink(write)
+    got = ctypes.c_uint64()
+    if lib.sbx_read_file(s.handle, s.opts, p, offset, ln, sink.fn, None, ctypes.byref(got), s.err) < 0:
+        if sink.exc is not None:
+            raise sink.exc
+        s.fail()
+    return got.value
+
+
 class Files:
     """File operations in the sandbox. Paths are absolute (str, bytes or PathLike);
     names may hold any bytes (str paths use os.fsencode/os.fsdecode). Every method
@@ -151,15 +164,8 @@ class Files:
     def _read_into(
         self, p: bytes, offset: int, length: Optional[int], write: Callable[[bytes], Any], timeout: Any, abort: Any
     ) -> int:
-        sink = _Sink(write)
         with self._core.call(timeout=timeout, abort=abort) as s:
-            got = ctypes.c_uint64()
-            ln = _lib.TO_END if length is None else length
-            if lib.sbx_read_file(s.handle, s.opts, p, offset, ln, sink.fn, None, ctypes.byref(got), s.err) < 0:
-                if sink.exc is not None:
-                    raise sink.exc
-                s.fail()
-            return got.value
+            return _read(s, p, offset, _lib.TO_END if length is None else length, write)
 
     def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "strict", **kw: Any) -> str:
         """read_file() decoded."""
@@ -203,13 +209,7 @@ class Files:
         ln = _lib.TO_END if length is None else length
 
         def run(s: CallScope, push: Callable[[bytes], None]) -> int:
-            sink = _Sink(push)
-            got = ctypes.c_uint64()
-            if lib.sbx_read_file(s.handle, s.opts, p, offset, ln, sink.fn, None, ctypes.byref(got), s.err) < 0:
-                if sink.exc is not None:
-                    raise sink.exc
-                s.fail()
-            return got.value
+            return _read(s, p, offset, ln, push)
 
         return CallbackStream(self._core, run, timeout=timeout, abort=abort)
 

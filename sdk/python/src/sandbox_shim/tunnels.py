@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from . import _lib
-from ._core import Core, check_type, cstr, raise_error, text, timeout_ms
+from ._core import Core, HandleOwner, check_type, cstr, raise_error, text, timeout_ms
 from ._lib import lib
 from .errors import SandboxError, SandboxUnsupportedError
 
@@ -74,7 +74,7 @@ def _error(e: Any) -> Optional[SandboxError]:
     return None
 
 
-class TunnelHandle:
+class TunnelHandle(HandleOwner):
     """An open tunnel. ``kind`` is "reverse" (code in the sandbox reaches a port on
     this host: shim.tunnel()) or "forward" (this host reaches a port in the sandbox:
     shim.forward()); ``port`` is the port listened on (in the sandbox for reverse, on
@@ -168,19 +168,6 @@ class TunnelHandle:
     def close(self) -> None:
         """Close the tunnel and every connection it carries. Safe to call twice."""
         self._close()
-
-    def __enter__(self) -> "TunnelHandle":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if self._h and not self._core.closed:
-                self.close()
-        except Exception:
-            pass
 
 
 def open_tunnel(
