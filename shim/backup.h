@@ -52,9 +52,11 @@ enum { BKB_FREE, BKB_FILLING, BKB_READY };
 
 struct bk_buf {
 	uint8_t *data;
-	size_t len;  /* bytes in data */
-	size_t sent; /* loop: bytes of data already queued as DATA */
-	int state;   /* under mu */
+	size_t len;    /* bytes in data */
+	size_t sent;   /* loop: bytes of data already queued as DATA */
+	size_t hashed; /* bytes of data in the stream's sha256 (under mu, by the thread hashing) */
+	bool sent_all; /* under mu: the loop is done with it (it is free once hashed too) */
+	int state;     /* under mu */
 };
 
 /* Paths for the record (skipped, changed): all counted, the first kept up to a byte
@@ -82,7 +84,9 @@ struct bk {
 	struct bk_buf buf[BK_NBUF];
 	unsigned fill;         /* worker: the buffer being filled */
 	unsigned head;         /* loop: the next buffer to send */
-	struct sha256_ctx sha; /* loop side when streaming, worker side with to_path */
+	unsigned hash_head;    /* under mu: the next buffer to hash (in stream order) */
+	bool hashing;          /* under mu: a thread is hashing (it owns sha until it clears this) */
+	struct sha256_ctx sha; /* streaming: either side (bk_hash_step); worker side with to_path */
 	/* the result (worker) */
 	uint64_t entries, source_bytes, archive_bytes;
 	struct bk_list skipped, changed;

@@ -27,9 +27,13 @@
  *    gave; libarchive's read callback takes one contiguous piece at a time and
  *    releases it at its next call, and only then does the loop give that credit back.
  *
- * The sha256 of the stream is computed where the bytes pass: on the loop as they go
- * out or come in (the walker thread is the busy one), or on the worker when the
- * archive goes to or comes from a file in the sandbox (to_path / from_path).
+ * The sha256 of the stream is computed where the bytes pass: for a backup by
+ * whichever side has time (bk_hash_step: the loop once it has sent what is ready,
+ * the walker instead of waiting for a free buffer; in stream order, one at a time),
+ * for a restore on the loop as they come in, and on the worker when the archive
+ * goes to or comes from a file in the sandbox (to_path / from_path). Two CPUs are
+ * then both busy: the walker alone is slow in a region of small files, the loop and
+ * the reader are behind in one of big files, and the hashing goes to the idle one.
  *
  * Cancel, disconnect and shutdown set a flag under the mutex and wake the worker;
  * it notices in its next callback or between entries, cleans up (temp files, temp
@@ -161,7 +165,46 @@ void bk_list_free(struct bk_list *l)
 	memset(l, 0, sizeof(*l));
 }
 
-/* Worker: the buffer being filled is complete; hand it over and wait for the next. */
+/* With mu held: a ready buffer is free again once it is both sent and hashed. */
+static void bk_buf_release(struct bk *b, struct bk_buf *x)
+{
+	x->state = BKB_FREE;
+	x->len = x->sent = x->hashed = 0;
+	x->sent_all = false;
+	pthread_cond_signal(&b->j.cv);
+}
+
+/* Hash this much at a time: the loop looks for output to send in between. */
+#define BK_HASH_STEP (256u << 10)
+
+/* With mu held (dropped while hashing): put the next BK_HASH_STEP bytes of the
+ * stream into its sha256, if they are ready and no other thread is hashing. Either
+ * thread calls it: so the sha256 (a third of the CPU a backup costs beyond reading
+ * the files) is done by whichever is free. True when it hashed something. */
+static bool bk_hash_step(struct bk *b, bool sent_only)
+{
+	struct bk_buf *x = &b->buf[b->hash_head];
+	if (b->hashing || x->state != BKB_READY || x->hashed == x->len || (sent_only && !x->sent_all))
+		return false;
+	size_t n = x->len - x->hashed < BK_HASH_STEP ? x->len - x->hashed : BK_HASH_STEP;
+	const uint8_t *p = x->data + x->hashed;
+	b->hashing = true;
+	pthread_mutex_unlock(&b->j.mu);
+	sha256_update(&b->sha, n, p); /* the buffer stays ready: nobody writes to it */
+	pthread_mutex_lock(&b->j.mu);
+	b->hashing = false;
+	x->hashed += n;
+	if (x->hashed == x->len) {
+		b->hash_head = (b->hash_head + 1) % BK_NBUF;
+		if (x->sent_all)
+			bk_buf_release(b, x);
+	}
+	pthread_cond_signal(&b->j.cv); /* the walker may be waiting to hash the next */
+	return true;
+}
+
+/* Worker: the buffer being filled is complete; hand it over and wait for the next
+ * (hashing what is ready meanwhile). */
 static int bk_hand_over(struct bk *b, bool wait_next)
 {
 	struct bjob *j = &b->j;
@@ -173,8 +216,10 @@ static int bk_hand_over(struct bk *b, bool wait_next)
 		return 0;
 	}
 	unsigned next = (b->fill + 1) % BK_NBUF;
-	while (b->buf[next].state != BKB_FREE && !j->cancelled)
-		pthread_cond_wait(&j->cv, &j->mu);
+	while (b->buf[next].state != BKB_FREE && !j->cancelled) {
+		if (!bk_hash_step(b, true)) /* the loop is behind with hashing, not sending */
+			pthread_cond_wait(&j->cv, &j->mu);
+	}
 	bool cancelled = j->cancelled;
 	if (!cancelled) {
 		b->buf[next].state = BKB_FILLING;
@@ -306,38 +351,63 @@ static void bk_done(struct work *w)
 	bk_pump(b->j.st);
 }
 
-/* Loop: send the ready buffers in order, within credit; free each one sent. */
+/* Loop: send the ready buffers in order, within credit. False when the connection
+ * cannot take more now (writable() calls again). */
+static bool bk_send_ready(struct stream *st, struct bk *b)
+{
+	struct bjob *j = &b->j;
+	for (;;) {
+		struct bk_buf *x = &b->buf[b->head];
+		pthread_mutex_lock(&j->mu);
+		bool ready = x->state == BKB_READY && !x->sent_all; /* (sent, waiting to be hashed) */
+		pthread_mutex_unlock(&j->mu);
+		if (!ready)
+			return true;
+		/* a ready buffer is the loop's until it is marked free again: it is
+		 * written to the socket from where it is, and copied into the output
+		 * queue only behind other output there (streams take turns) */
+		while (x->sent < x->len) {
+			bool busy;
+			size_t n = stream_send_direct(st, x->data + x->sent, x->len - x->sent, &busy);
+			if (n == 0) {
+				if (busy)
+					return false;
+				n = stream_can_send(st);
+				if (n == 0) {
+					stream_wait_writable(st);
+					return false;
+				}
+				if (n > x->len - x->sent)
+					n = x->len - x->sent;
+				stream_send_data(st, x->data + x->sent, n, false);
+			}
+			x->sent += n;
+		}
+		pthread_mutex_lock(&j->mu);
+		x->sent_all = true;
+		if (x->hashed == x->len)
+			bk_buf_release(b, x);
+		pthread_mutex_unlock(&j->mu);
+		b->head = (b->head + 1) % BK_NBUF;
+	}
+}
+
+/* Loop: send what is ready; with nothing (more) to send, hash what is ready, a step
+ * at a time with a look for more output in between. */
 static void bk_pump(struct stream *st)
 {
 	struct bk *b = st->op_data;
 	struct bjob *j = &b->j;
 	for (;;) {
-		struct bk_buf *x = &b->buf[b->head];
+		if (!bk_send_ready(st, b))
+			return;
 		pthread_mutex_lock(&j->mu);
-		int state = x->state;
+		bool hashed = bk_hash_step(b, false);
 		pthread_mutex_unlock(&j->mu);
-		if (state != BKB_READY)
+		if (!hashed)
 			break;
-		/* a ready buffer is the loop's until it is marked free again */
-		while (x->sent < x->len) {
-			size_t n = stream_can_send(st);
-			if (n == 0) {
-				stream_wait_writable(st);
-				return;
-			}
-			if (n > x->len - x->sent)
-				n = x->len - x->sent;
-			sha256_update(&b->sha, n, x->data + x->sent);
-			stream_send_data(st, x->data + x->sent, n, false);
-			x->sent += n;
-		}
-		pthread_mutex_lock(&j->mu);
-		x->state = BKB_FREE;
-		x->len = x->sent = 0;
-		pthread_cond_signal(&j->cv);
-		pthread_mutex_unlock(&j->mu);
-		b->head = (b->head + 1) % BK_NBUF;
 	}
+	/* once run() has returned nobody else hashes: all of it is sent and hashed now */
 	if (j->finished)
 		bk_finish(b);
 }
