@@ -19,7 +19,6 @@
 /* As for reads (fs_io.c): 4 MiB in flight so that a backup is bound by bandwidth,
  * credit returned in batches. */
 #define BACKUP_EXTRA_WINDOW (4u << 20)
-#define BACKUP_GRANT_BATCH (256u << 10)
 
 static ProtobufCBinaryData bin(const char *s)
 {
@@ -225,9 +224,7 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 	if (k == NULL)
 		return -1;
 
-	uint64_t got = 0;
-	uint32_t owed = 0; /* consumed, not yet granted back */
-	bool fin = false;
+	struct sbx__download d = {.sink = sink, .ud = ud};
 	int rc = to_path ? 0 : sbx__call_grant(k, BACKUP_EXTRA_WINDOW, deadline, err);
 	while (rc == 0) {
 		struct rx_item *it = sbx__call_pop(k);
@@ -240,27 +237,10 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 		if (it->type == FRAME_EVENT) {
 			progress_event(it, o.progress, o.progress_ud);
 		} else if (it->type == FRAME_DATA) {
-			if (fin || (to_path && it->len > 0)) {
-				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, dir,
-					       fin ? "DATA after FIN from the shim" :
-						     "archive DATA for a backup to_path");
-			} else if (it->len > 0) {
-				int e = sink(ud, it->data, it->len);
-				if (e != 0) {
-					/* sbx__call_free() sends CANCEL: the shim stops the backup */
-					rc = sbx__fail(err, SBX_ERR_LOCAL, e, dir, "the sink refused the data: %s",
-						       sbx_strerror(e));
-				} else {
-					got += it->len;
-					owed += it->len;
-				}
-			}
-			if (it->flags & FRAME_FLAG_FIN)
-				fin = true;
-			else if (rc == 0 && owed >= BACKUP_GRANT_BATCH) {
-				rc = sbx__call_grant(k, owed, deadline, err);
-				owed = 0;
-			}
+			if (to_path && it->len > 0 && !d.fin)
+				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, dir, "archive DATA for a backup to_path");
+			else
+				rc = sbx__download_data(k, &d, it, deadline, dir, err);
 		}
 		sbx__rx_free(it);
 		if (rc == 0 && tok != NULL && sbx_cancel_fired(tok))
@@ -272,11 +252,11 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 			rc = -1;
 		} else {
 			const Shim__V1__BackupRecord *b = r->backup;
-			if (!to_path && (!fin || b->bytes != got))
+			if (!to_path && (!d.fin || b->bytes != d.got))
 				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, dir,
 					       "backup ended with %llu bytes delivered of %llu announced%s",
-					       (unsigned long long)got, (unsigned long long)b->bytes,
-					       fin ? "" : " (no FIN)");
+					       (unsigned long long)d.got, (unsigned long long)b->bytes,
+					       d.fin ? "" : " (no FIN)");
 			else if (rec != NULL)
 				rc = record_from(rec, b, dir, err);
 			shim__v1__result__free_unpacked(r, NULL);

@@ -270,3 +270,26 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	sbx__call_free(k);
 	return rc;
 }
+
+int sbx__download_data(struct call *k, struct sbx__download *d, const struct rx_item *it, uint64_t deadline,
+		       const char *path, struct sbx_error *err)
+{
+	if (d->fin)
+		return sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, path, "DATA after FIN from the shim");
+	if (it->len > 0) {
+		int e = d->sink(d->ud, it->data, it->len);
+		if (e != 0)
+			return sbx__fail(err, SBX_ERR_LOCAL, e, path, "the sink refused the data: %s", sbx_strerror(e));
+		d->got += it->len;
+		d->owed += it->len;
+	}
+	if (it->flags & FRAME_FLAG_FIN) {
+		d->fin = true;
+		return 0;
+	}
+	if (d->owed < SBX__DOWNLOAD_GRANT_BATCH)
+		return 0;
+	uint32_t n = d->owed;
+	d->owed = 0;
+	return sbx__call_grant(k, n, deadline, err);
+}

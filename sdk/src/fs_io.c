@@ -9,7 +9,6 @@
  * 4 MiB in flight a read is bound by bandwidth, not by round trips. */
 #define READ_EXTRA_WINDOW (4u << 20)
 /* Credit goes back in batches of this much consumed data (fewer WINDOW frames). */
-#define READ_GRANT_BATCH (256u << 10)
 
 static ProtobufCBinaryData pathb(const char *path)
 {
@@ -40,9 +39,7 @@ SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts
 	struct call *k = sbx__start_request(c, &req, deadline, err);
 	if (k == NULL)
 		return -1;
-	uint64_t got = 0;
-	uint32_t owed = 0; /* consumed, not yet granted back */
-	bool fin = false;
+	struct sbx__download d = {.sink = sink, .ud = ud};
 	int rc = sbx__call_grant(k, READ_EXTRA_WINDOW, deadline, err);
 	while (rc == 0) {
 		struct rx_item *it = sbx__call_pop(k);
@@ -52,27 +49,8 @@ SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts
 			rc = sbx__call_wait(k, deadline, tok, err);
 			continue;
 		}
-		if (it->type == FRAME_DATA) {
-			if (fin) {
-				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, path, "DATA after FIN from the shim");
-			} else if (it->len > 0) {
-				int e = sink(ud, it->data, it->len);
-				if (e != 0) {
-					/* sbx__call_free() sends CANCEL: the shim stops reading */
-					rc = sbx__fail(err, SBX_ERR_LOCAL, e, path, "the sink refused the data: %s",
-						       sbx_strerror(e));
-				} else {
-					got += it->len;
-					owed += it->len;
-				}
-			}
-			if (it->flags & FRAME_FLAG_FIN)
-				fin = true;
-			else if (rc == 0 && owed >= READ_GRANT_BATCH) {
-				rc = sbx__call_grant(k, owed, deadline, err);
-				owed = 0;
-			}
-		}
+		if (it->type == FRAME_DATA)
+			rc = sbx__download_data(k, &d, it, deadline, path, err);
 		sbx__rx_free(it);
 		if (rc == 0 && tok != NULL && sbx_cancel_fired(tok))
 			rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, path, "cancelled");
@@ -83,10 +61,10 @@ SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts
 		if (r == NULL) {
 			rc = -1;
 		} else {
-			if (r->kind_case != SHIM__V1__RESULT__KIND_READ || !fin || r->read->bytes != got)
+			if (r->kind_case != SHIM__V1__RESULT__KIND_READ || !d.fin || r->read->bytes != d.got)
 				rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, path,
 					       "read ended with %llu bytes delivered of %llu announced",
-					       (unsigned long long)got,
+					       (unsigned long long)d.got,
 					       (unsigned long long)(r->kind_case == SHIM__V1__RESULT__KIND_READ ?
 									    r->read->bytes :
 									    0));
@@ -95,7 +73,7 @@ SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts
 	}
 	sbx__call_free(k);
 	if (bytes != NULL)
-		*bytes = got;
+		*bytes = d.got;
 	return rc;
 }
 

@@ -133,6 +133,21 @@ bool sbx__call_done(struct call *k);
 struct rx_item *sbx__call_pop(struct call *k);
 /* Give the shim credit for n more bytes of DATA on the call's stream. */
 int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_error *err);
+/* Receiving a stream of DATA from the shim (reads, backups): the bytes go to a sink, and
+ * credit goes back in batches as they are consumed. */
+struct sbx__download {
+	sbx_sink_fn sink;
+	void *ud;
+	uint64_t got;  /* bytes handed to the sink */
+	uint32_t owed; /* consumed, not yet granted back */
+	bool fin;      /* the shim's FIN arrived */
+};
+#define SBX__DOWNLOAD_GRANT_BATCH (256u << 10)
+/* Take one DATA item of such a stream: refuses DATA after FIN, hands the bytes to the sink
+ * (its errno fails the call; freeing the call then sends CANCEL), notes FIN and grants
+ * credit back. 0, or -1 with err set (path names what is read). */
+int sbx__download_data(struct call *k, struct sbx__download *d, const struct rx_item *it, uint64_t deadline,
+		       const char *path, struct sbx_error *err);
 /* Wait until the shim has granted credit to send DATA; returns the credit. */
 int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
 /* Forget the call; sends CANCEL first if it is not done. */
