@@ -67,9 +67,34 @@ static void status_line(struct sbx_client *c, struct sbx_exec_opts *eo, const ch
 }
 
 /* it_sys OP [ARG] under eo: its one line of output. */
+static const char *sys_bin = IT_SYS_BIN;
+
+/* Make sys() run a copy of IT_SYS_BIN that any user can reach: the build tree may sit below
+ * a 0700 directory (a clone in `mktemp -d`), which "nobody" cannot traverse. */
+static void sys_bin_for_anyone(void)
+{
+	static char path[4096];
+	snprintf(path, sizeof(path), "%s", it_path("it_sys"));
+	char *slash = strrchr(path, '/');
+	*slash = '\0';
+	CHECK(chmod(path, 0711) == 0); /* the test's own directory: traversable, not listable */
+	*slash = '/';
+	int in = open(IT_SYS_BIN, O_RDONLY | O_CLOEXEC);
+	int out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+	CHECK(in >= 0 && out >= 0);
+	char buf[65536];
+	ssize_t n;
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		CHECK(write(out, buf, (size_t)n) == n);
+	CHECK(n == 0);
+	close(in);
+	CHECK(close(out) == 0);
+	sys_bin = path;
+}
+
 static void sys(struct sbx_client *c, struct sbx_exec_opts *eo, const char *op, const char *arg, char *out, size_t size)
 {
-	const char *argv[] = {IT_SYS_BIN, op, arg, NULL};
+	const char *argv[] = {sys_bin, op, arg, NULL};
 	eo->argv = argv;
 	eo->shell = NULL;
 	CHECK_EQ(run(c, eo, out, size), 0);
@@ -276,6 +301,7 @@ static int case_seccomp_default(void)
 
 	/* with a user change and no no_new_privs the filter goes in first (while
 	 * CAP_SYS_ADMIN is held), no_new_privs stays off */
+	sys_bin_for_anyone();
 	eo.user = "nobody";
 	eo.shell = NULL;
 	sys(c, &eo, "unshare", NULL, out, sizeof(out));
