@@ -279,6 +279,19 @@ void sbx__rx_free(struct rx_item *it)
 	free(it);
 }
 
+/* With mu held: append a filled item to the call's queue. */
+static void link_rx(struct call *k, struct rx_item *it)
+{
+	it->next = NULL;
+	if (k->rx_tail != NULL)
+		k->rx_tail->next = it;
+	else
+		k->rx_head = it;
+	k->rx_tail = it;
+	if (it->type == FRAME_DATA)
+		k->rx_bytes += it->len;
+}
+
 static void queue_rx(struct call *k, const struct frame_hdr *h, const uint8_t *p)
 {
 	struct rx_item *it = rx_alloc(h->len);
@@ -287,23 +300,18 @@ static void queue_rx(struct call *k, const struct frame_hdr *h, const uint8_t *p
 		sbx__fail(&k->err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
 		return;
 	}
-	it->next = NULL;
 	it->type = h->type;
 	it->flags = h->flags;
 	it->len = h->len;
 	memcpy(it->data, p, h->len);
-	if (k->rx_tail != NULL)
-		k->rx_tail->next = it;
-	else
-		k->rx_head = it;
-	k->rx_tail = it;
-	if (h->type == FRAME_DATA)
-		k->rx_bytes += h->len;
+	link_rx(k, it);
 }
 
-/* With mu held: deliver one frame. Async calls that completed are moved to *done_list. */
-static void route(struct sbx_client *c, const struct frame_hdr *h, const uint8_t *p, struct pending_pong *pongs,
-		  unsigned *npongs, struct call **done_list)
+/* With mu held: deliver one frame. Async calls that completed are moved to *done_list.
+ * it: NULL, or (a DATA frame on a stream, read straight into its item) the item holding
+ * the payload p, which is then queued as it is or freed. */
+static void route(struct sbx_client *c, const struct frame_hdr *h, const uint8_t *p, struct rx_item *it,
+		  struct pending_pong *pongs, unsigned *npongs, struct call **done_list)
 {
 	struct sbx_error e;
 	struct call *k;
@@ -335,12 +343,17 @@ static void route(struct sbx_client *c, const struct frame_hdr *h, const uint8_t
 		}
 	} else {
 		k = find_call(c, h->stream, 0);
-		if (k == NULL || k->abandoned)
+		if (k == NULL || k->abandoned) {
+			sbx__rx_free(it);
 			return; /* a call we gave up on: late frames are expected */
+		}
 		switch (h->type) {
 		case FRAME_DATA:
 		case FRAME_EVENT:
-			queue_rx(k, h, p);
+			if (it != NULL)
+				link_rx(k, it);
+			else
+				queue_rx(k, h, p);
 			break;
 		case FRAME_WINDOW:
 			if (h->len == 4)
@@ -401,38 +414,277 @@ static struct call *take_dead_async(struct sbx_client *c)
 	return out;
 }
 
+/* Big DATA payloads are read straight into their items rather than into the input
+ * buffer: copying them out of the buffer, and moving a frame begun at its end to its
+ * front, would touch every byte of a download twice more after the kernel's copy.
+ *
+ * Once the bytes read hold the header of a DATA frame for a live call (of at least
+ * RX_DIRECT_MIN bytes) but not its whole payload, that frame becomes c->part: its item
+ * is allocated and given what was read of the payload, and the next read goes on into
+ * it. As one read() per frame would cost more than the copies it saves, that read also
+ * guesses that the frames that follow are DATA frames of up to FRAME_DATA_CHUNK bytes,
+ * as the frames of a download are: one readv() takes the rest of the part, then
+ * RX_SPEC_MAX times a header and a spare item's payload room, then one more header.
+ * Each frame whose header landed in a header's place and that is DATA of at most that
+ * size (for any call) gets the spare item its payload went to. From a frame shorter
+ * than that on, the frames are no longer where the guess put them: they are taken from
+ * wherever they are, each copied once (into its own item, or by route() for the
+ * others), and spare items not used go back to the pool. A read that brought such
+ * frames and ended with a whole one leaves no part: the next read is laid out the same
+ * way, without the part's rest. Frames smaller than RX_DIRECT_MIN come the buffered
+ * way: the copies cost less than more reads. */
+#define RX_DIRECT_MIN (4u << 10)
+#define RX_SPEC_MAX 4
+
+/* Bytes a read put in a row of iovecs: len of them, from iov[i] at offset off. */
+struct rx_bytes {
+	const struct iovec *iov;
+	int i;
+	size_t off, len;
+};
+
+/* Take n of the bytes (n <= b->len), copying them to dst unless it is NULL. */
+static void rx_take(struct rx_bytes *b, uint8_t *dst, size_t n)
+{
+	b->len -= n;
+	while (n > 0) {
+		size_t k = b->iov[b->i].iov_len - b->off;
+		if (k > n)
+			k = n;
+		if (dst != NULL) {
+			memcpy(dst, (const uint8_t *)b->iov[b->i].iov_base + b->off, k);
+			dst += k;
+		}
+		n -= k;
+		b->off += k;
+		if (b->off == b->iov[b->i].iov_len) {
+			b->i++;
+			b->off = 0;
+		}
+	}
+}
+
+/* The next n bytes if they lie in one piece (n <= b->len), else NULL. */
+static const uint8_t *rx_peek(const struct rx_bytes *b, size_t n)
+{
+	if (n == 0 || b->iov[b->i].iov_len - b->off < n)
+		return n == 0 ? (const uint8_t *)"" : NULL;
+	return (const uint8_t *)b->iov[b->i].iov_base + b->off;
+}
+
+/* With mu held, by the reader: is the frame with header h a DATA frame worth an item of
+ * its own before its payload is all in? */
+static bool rx_direct_worth(struct sbx_client *c, const struct frame_hdr *h)
+{
+	if (h->type != FRAME_DATA || h->stream == 0 || h->len < RX_DIRECT_MIN)
+		return false;
+	struct call *k = find_call(c, h->stream, 0);
+	return k != NULL && !k->abandoned; /* else it is dropped: not worth an item */
+}
+
+/* With mu held: would route() drop DATA on this stream (a call given up on)? */
+static bool rx_dropped(struct sbx_client *c, uint32_t stream)
+{
+	struct call *k = find_call(c, stream, 0);
+	return k == NULL || k->abandoned;
+}
+
+/* With mu held, by the reader: the frame with header h, whose header was taken from b
+ * and whose payload is not all in b, becomes c->part, with all of b. False (b left
+ * alone) if it is not worth it or memory is short (the buffered way then fails the
+ * call, as for any frame). */
+static bool part_start(struct sbx_client *c, const struct frame_hdr *h, struct rx_bytes *b)
+{
+	if (!rx_direct_worth(c, h))
+		return false;
+	struct rx_item *it = rx_alloc(h->len);
+	if (it == NULL)
+		return false;
+	it->next = NULL;
+	it->type = h->type;
+	it->flags = h->flags;
+	it->len = h->len;
+	c->part = it;
+	c->part_stream = h->stream;
+	c->part_got = (uint32_t)b->len;
+	rx_take(b, it->data, b->len);
+	return true;
+}
+
+static ssize_t read_iov(struct sbx_client *c, const struct iovec *iov, int niov)
+{
+	ssize_t n;
+	do {
+		n = niov == 1 ? read(c->fd, iov[0].iov_base, iov[0].iov_len) : readv(c->fd, iov, niov);
+	} while (n < 0 && errno == EINTR);
+	return n;
+}
+
+/* Where such a read puts its bytes: [the part's rest, or nothing], then up to
+ * RX_SPEC_MAX times [header][spare payload room], then [header]. */
+struct rx_read {
+	struct iovec iov[2 + 2 * RX_SPEC_MAX];
+	int niov;
+	uint8_t hdrs[RX_SPEC_MAX + 1][FRAME_HDR_LEN];
+	struct rx_item *spare[RX_SPEC_MAX];
+	unsigned nspare;
+	uint32_t guess; /* the payload room of each spare */
+};
+
+/* With mu held, by the reader: route in order the frames such a read brought past the
+ * part's rest (b); what is left (a frame not all in, or one to refuse) goes to the
+ * buffer, which is empty. */
+static void route_read(struct sbx_client *c, struct rx_read *r, struct rx_bytes *b, struct pending_pong *pongs,
+		       unsigned *npongs, struct call **done_list)
+{
+	while (b->len >= FRAME_HDR_LEN && !c->dead) {
+		struct rx_bytes at = *b;
+		uint8_t hb[FRAME_HDR_LEN];
+		struct frame_hdr h;
+		rx_take(&at, hb, FRAME_HDR_LEN);
+		enum frame_status fs = frame_check(hb, FRAME_HDR_LEN, c->max_frame, &h);
+		if (fs != FRAME_OK && fs != FRAME_NEED_MORE)
+			break; /* for the buffer's loop to refuse */
+		/* after a header in its place, a spare's room: the guess held */
+		unsigned s = (unsigned)(at.i - 2) / 2;
+		if (at.off == 0 && at.i >= 2 && at.i % 2 == 0 && s < r->nspare && h.type == FRAME_DATA &&
+		    h.stream != 0 && h.len > 0 && h.len <= r->guess) {
+			struct rx_item *it = r->spare[s];
+			r->spare[s] = NULL;
+			it->next = NULL;
+			it->type = h.type;
+			it->flags = h.flags;
+			it->len = h.len;
+			if (at.len < h.len) {
+				c->part = it;
+				c->part_stream = h.stream;
+				c->part_got = (uint32_t)at.len;
+				rx_take(&at, NULL, at.len);
+				*b = at;
+				break;
+			}
+			rx_take(&at, NULL, h.len);
+			*b = at;
+			sbx__trace_frame(c, "<", &h, it->data);
+			if (h.len < r->guess && at.len > 0 && rx_dropped(c, h.stream)) {
+				/* the next frames are in its room: route() would free it now */
+				r->spare[s] = it;
+				continue;
+			}
+			/* queued, it is still read from (its room's tail) until the end: no
+			 * one frees it meanwhile, as taking it off the queue needs mu */
+			route(c, &h, it->data, it, pongs, npongs, done_list);
+			continue;
+		}
+		if (at.len < h.len) {
+			if (part_start(c, &h, &at))
+				*b = at;
+			break;
+		}
+		/* a whole frame elsewhere: copied once, into its item or by route() */
+		const uint8_t *p = rx_peek(&at, h.len);
+		struct rx_item *it = NULL;
+		if (p == NULL && h.type == FRAME_DATA && h.stream != 0 && (it = rx_alloc(h.len)) != NULL) {
+			it->next = NULL;
+			it->type = h.type;
+			it->flags = h.flags;
+			it->len = h.len;
+			rx_take(&at, it->data, h.len);
+			p = it->data;
+		} else if (p == NULL) {
+			/* another frame across two pieces: put together in the buffer, free
+			 * until the end */
+			rx_take(&at, c->in, h.len);
+			p = c->in;
+		} else {
+			rx_take(&at, NULL, h.len);
+		}
+		*b = at;
+		sbx__trace_frame(c, "<", &h, p);
+		route(c, &h, p, it, pongs, npongs, done_list);
+	}
+	if (!c->dead) {
+		c->inlen = b->len;
+		rx_take(b, c->in, b->len);
+	}
+}
+
 /* The reader role: read what arrives within timeout_ms, route whole frames. Called
  * without mu, by the one thread holding c->reading. */
 static void reader_run(struct sbx_client *c, int timeout_ms)
 {
 	struct sbx_error e;
 	ssize_t n;
+	struct rx_read r;
+	r.niov = 0;
+	r.nspare = 0;
+	r.guess = 0;
 	size_t room = c->incap - c->inlen;
+	if (c->part != NULL || (c->rx_bulk && c->inlen == 0)) {
+		/* the buffer is empty: a part began at the end of what was read, or the
+		 * last read brought big DATA and ended with a whole frame */
+		if (c->part != NULL)
+			r.iov[r.niov++] = (struct iovec){c->part->data + c->part_got, c->part->len - c->part_got};
+		else
+			r.iov[r.niov++] = (struct iovec){NULL, 0};
+		r.guess = c->part != NULL && c->part->len > FRAME_DATA_CHUNK ? c->part->len : FRAME_DATA_CHUNK;
+		if (r.guess <= RX_STD) {
+			/* what the guesses read may have to go into the buffer */
+			size_t need = RX_SPEC_MAX * (FRAME_HDR_LEN + (size_t)r.guess) + FRAME_HDR_LEN;
+			if (need > c->incap) {
+				uint8_t *nb = realloc(c->in, need);
+				if (nb != NULL) {
+					c->in = nb;
+					c->incap = need;
+				}
+			}
+			while (r.nspare < RX_SPEC_MAX &&
+			       (r.nspare + 1) * (FRAME_HDR_LEN + (size_t)r.guess) + FRAME_HDR_LEN <= c->incap) {
+				struct rx_item *it = rx_alloc(r.guess);
+				if (it == NULL)
+					break;
+				r.spare[r.nspare] = it;
+				r.iov[r.niov++] = (struct iovec){r.hdrs[r.nspare], FRAME_HDR_LEN};
+				r.iov[r.niov++] = (struct iovec){it->data, r.guess};
+				r.nspare++;
+			}
+		}
+		r.iov[r.niov++] = (struct iovec){r.hdrs[r.nspare], FRAME_HDR_LEN};
+	} else {
+		r.iov[r.niov++] = (struct iovec){c->in + c->inlen, room};
+	}
 	/* Read first, poll only when nothing is there: while data streams in this saves
 	 * a poll() per read (a cancel still wakes us: the waiters check their token
 	 * every round, and the eventfd is drained by the next poll). */
-	do {
-		n = read(c->fd, c->in + c->inlen, room);
-	} while (n < 0 && errno == EINTR);
+	n = read_iov(c, r.iov, r.niov);
 	if (n < 0 && errno == EAGAIN) {
 		struct pollfd pf[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wakefd, .events = POLLIN}};
-		int r = poll(pf, 2, timeout_ms);
-		if (r <= 0)
-			return;
+		int pr = poll(pf, 2, timeout_ms);
+		if (pr <= 0)
+			goto out;
 		if (pf[1].revents & POLLIN) {
 			uint64_t v;
 			ssize_t w = read(c->wakefd, &v, sizeof(v));
 			(void)w;
 		}
 		if ((pf[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0)
-			return;
-		do {
-			n = read(c->fd, c->in + c->inlen, room);
-		} while (n < 0 && errno == EINTR);
+			goto out;
+		n = read_iov(c, r.iov, r.niov);
 		if (n < 0 && errno == EAGAIN)
-			return;
+			goto out;
 	}
-	if (n > 0 && (size_t)n == room && c->incap < IN_MAX) {
+	struct rx_item *whole = NULL; /* the part, now complete */
+	struct rx_bytes past = {.iov = r.iov, .i = 1, .off = 0, .len = 0};
+	if (r.niov > 1 && n > 0) {
+		size_t rest = r.iov[0].iov_len;
+		if ((size_t)n < rest) {
+			c->part_got += (uint32_t)n;
+		} else {
+			whole = c->part;
+			c->part = NULL;
+			past.len = (size_t)n - rest;
+		}
+	} else if (n > 0 && (size_t)n == room && c->incap < IN_MAX) {
 		/* the socket had more than the buffer holds: read bigger next time (an
 		 * idle client keeps the small buffer) */
 		size_t cap = c->incap * 2 > IN_MAX ? IN_MAX : c->incap * 2;
@@ -454,14 +706,40 @@ static void reader_run(struct sbx_client *c, int timeout_ms)
 			sbx__fail(&e, SBX_ERR_CONNECT, errno, NULL, "reading from the shim: %s", strerror(errno));
 		client_kill(c, &e);
 	} else {
-		c->inlen += (size_t)n;
+		bool bulk = c->part != NULL; /* still reading straight into an item */
+		if (r.niov == 1) {
+			c->inlen += (size_t)n;
+		} else {
+			if (whole != NULL) {
+				struct frame_hdr h = {.len = whole->len,
+						      .stream = c->part_stream,
+						      .type = whole->type,
+						      .flags = whole->flags};
+				sbx__trace_frame(c, "<", &h, whole->data);
+				route(c, &h, whole->data, whole, pongs, &npongs, &done_list);
+				bulk = true;
+			}
+			unsigned unused = 0;
+			route_read(c, &r, &past, pongs, &npongs, &done_list);
+			for (unsigned i = 0; i < r.nspare; i++)
+				unused += r.spare[i] != NULL;
+			bulk = bulk || unused < r.nspare;
+		}
 		size_t off = 0;
 		while (!c->dead) {
 			struct frame_hdr h;
 			enum frame_status fs = frame_check(c->in + off, c->inlen - off, c->max_frame, &h);
 			if (fs == FRAME_NEED_MORE) {
+				if (c->inlen - off < FRAME_HDR_LEN)
+					break;
+				struct iovec v = {c->in + off + FRAME_HDR_LEN, c->inlen - off - FRAME_HDR_LEN};
+				struct rx_bytes b = {.iov = &v, .i = 0, .off = 0, .len = v.iov_len};
+				if (c->part == NULL && part_start(c, &h, &b)) {
+					off = c->inlen;
+					break;
+				}
 				size_t need = FRAME_HDR_LEN + (size_t)h.len;
-				if (c->inlen - off >= FRAME_HDR_LEN && need > c->incap) {
+				if (need > c->incap) {
 					memmove(c->in, c->in + off, c->inlen - off);
 					c->inlen -= off;
 					off = 0;
@@ -483,13 +761,17 @@ static void reader_run(struct sbx_client *c, int timeout_ms)
 				break;
 			}
 			sbx__trace_frame(c, "<", &h, c->in + off + FRAME_HDR_LEN);
-			route(c, &h, c->in + off + FRAME_HDR_LEN, pongs, &npongs, &done_list);
+			route(c, &h, c->in + off + FRAME_HDR_LEN, NULL, pongs, &npongs, &done_list);
 			off += FRAME_HDR_LEN + h.len;
 		}
 		memmove(c->in, c->in + off, c->inlen - off);
 		c->inlen -= off;
+		c->rx_bulk = bulk || c->part != NULL;
 	}
 	if (c->dead) {
+		/* a frame cut short stays so: its call has ended with the connection */
+		sbx__rx_free(c->part);
+		c->part = NULL;
 		struct call *more = take_dead_async(c);
 		while (more != NULL) {
 			struct call *next = more->next;
@@ -503,9 +785,16 @@ static void reader_run(struct sbx_client *c, int timeout_ms)
 		wake_relays(c);
 	bool dead = c->dead;
 	pthread_mutex_unlock(&c->mu);
+	for (unsigned i = 0; i < r.nspare; i++)
+		sbx__rx_free(r.spare[i]); /* the guesses not taken (NULL: taken) */
 	for (unsigned i = 0; i < npongs && !dead; i++)
 		sbx__send(c, 0, FRAME_PONG, 0, pongs[i].data, pongs[i].len, deadline_after(5000), NULL);
 	run_done(done_list);
+	return;
+out:
+	/* nothing was read */
+	for (unsigned i = 0; i < r.nspare; i++)
+		sbx__rx_free(r.spare[i]);
 }
 
 /* ---- calls ---- */
@@ -815,6 +1104,7 @@ static void client_destroy(struct sbx_client *c)
 	pthread_mutex_destroy(&c->mu);
 	pthread_mutex_destroy(&c->wmu);
 	pthread_cond_destroy(&c->cv);
+	sbx__rx_free(c->part);
 	free(c->in);
 	free(c->strings);
 	free(c);

@@ -73,6 +73,12 @@ struct sbx_client {
 	struct sbx_error dead_err;
 	uint8_t *in;
 	size_t inlen, incap;
+	/* A big DATA frame whose payload is being read straight into its item (client.c);
+	 * touched only by the thread holding the reader role, and by client_destroy(). */
+	struct rx_item *part;
+	uint32_t part_stream;
+	uint32_t part_got; /* payload bytes in part->data so far */
+	bool rx_bulk;      /* the last read brought such frames: read the next one so too */
 	uint32_t next_id;
 	uint64_t next_ping;
 	struct call *calls;
