@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "err.h"
 #include "fs.h"
@@ -46,7 +47,7 @@ bool bjob_cancelled(struct bjob *j);
  * on /usr/share: with 256 KiB buffers the walker spent a third of its time waiting
  * for the loop, more than with 1 MiB ones.) */
 #define BK_BUF (1u << 20)
-#define BK_NBUF 3
+#define BK_NBUF 12
 
 enum { BKB_FREE, BKB_FILLING, BKB_READY };
 
@@ -107,6 +108,25 @@ int bk_output(struct bk *b, const void *data, size_t len);
 int bk_output_flush(struct bk *b);
 
 void bk_list_free(struct bk_list *l);
+/* Add path to the list (counted always, kept within its budget). -1 (ENOMEM). */
+int bk_list_add(struct bk_list *l, const char *path, size_t len);
+/* DIR/rel as the client sees it, for errors and the record: member is a member
+ * name ("./a/b"). The length written. */
+size_t bk_client_path(const struct bk *b, const char *member, char *buf, size_t size);
+
+/* The walker (backup_walk.c): a thread of its own that walks b->dir and hands each
+ * entry to the writer through a queue (backup_queue.h). */
+struct bq;
+struct bk_walk;
+/* Open DIR and get ready; NULL with *err. */
+struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err);
+/* Leave out name and tmp in the directory (dev, ino): the archive being written. */
+void bk_walk_skip(struct bk_walk *w, dev_t dev, ino_t ino, const char *name, const char *tmp);
+/* Start the thread. -1 with *err. */
+int bk_walk_start(struct bk_walk *w, struct bq *q, struct shim_err *err);
+/* Stop the thread (if it runs) and wait for it. */
+void bk_walk_stop(struct bk_walk *w);
+void bk_walk_free(struct bk_walk *w);
 
 /* ---- restore ---- */
 
@@ -123,11 +143,24 @@ struct rs {
 	 * credit it may have; the worker hands libarchive one piece of it at a time */
 	uint8_t *ring;
 	size_t cap, head, len;
-	size_t held;           /* bytes from head handed to libarchive, released at its next read */
+	size_t given;         /* bytes from head handed to libarchive */
+	size_t done;          /* of those, the ones it is done with (all but the last piece): they
+				* are released, but not past the oldest pinned byte */
+	uint64_t head_off;    /* stream offset of head */
+	uint64_t pin_end;     /* worker: the end (stream offset) of the last piece pinned for the file
+				* writer, which writes it from the ring itself (atomic) */
+	uint64_t done_end;    /* file writer: the end of the last pinned piece written (atomic) */
+	bool worker_waits;    /* worker, under mu: for more of the stream (atomic) */
+	uint64_t hash_off;    /* under mu: the stream's bytes in sha up to here (none released before) */
+	bool hashing;         /* under mu: a thread is hashing (it owns sha until it clears this) */
+	const uint8_t *piece; /* worker: the last piece handed to libarchive */
+	size_t piece_len;
+	uint64_t piece_off;    /* its stream offset */
 	size_t to_grant;       /* released bytes the loop has still to give back as credit */
 	bool fin;              /* the client's FIN has come: the stream is complete */
-	struct sha256_ctx sha; /* of the stream: on the loop, or on the worker with from_path */
-	char sha_hex[65];      /* set by whoever hashed, once the stream is complete */
+	struct sha256_ctx sha; /* of the stream: by the loop or the worker (rs_hash_step), or by the
+				* worker alone with from_path */
+	char sha_hex[65];      /* set by the worker once the stream is complete and hashed */
 	/* the result (worker) */
 	uint64_t entries, stream_bytes;
 };
@@ -138,6 +171,15 @@ int rs_run(struct rs *r);
 /* On the worker: the next piece of the client's stream. *buf points into the ring
  * until the next call; 0 at the end of the stream, -1 (ECANCELED) once cancelled. */
 ssize_t rs_input(struct rs *r, const void **buf);
+/* On the worker: the stream offset of p if it points into the ring (at bytes handed
+ * out by rs_input), else UINT64_MAX. Bytes from there may be pinned: */
+uint64_t rs_ring_offset(struct rs *r, const void *p);
+/* On the worker: keep the ring's bytes [start, end) (stream offsets, from
+ * rs_ring_offset) until rs_unpin(end): the file writer writes them from where they
+ * are. Pieces are pinned and unpinned in stream order. */
+void rs_pin(struct rs *r, uint64_t start, uint64_t end);
+/* On the file writer's thread: the pinned bytes up to end are written. */
+void rs_unpin(struct rs *r, uint64_t end);
 
 /* A C.UTF-8 LC_CTYPE locale for uselocale() on the job's thread, or (locale_t)0 if
  * the system has none: libarchive then stores names in UTF-8 as they are (in the C

@@ -14,9 +14,11 @@
 
 /*
  * Each backup or restore is ONE worker job for its whole life: libarchive is
- * synchronous, so the walker and the archive writer (or the archive reader and the
- * extractor) run on that thread from start to end. The job and the loop meet in a
- * small handoff under a mutex:
+ * synchronous, so the archive writer (or the archive reader and the extractor) runs
+ * on that thread from start to end, with one helper thread of the job's own: a
+ * backup's walker (backup_walk.c), which makes the walk's syscalls ahead of it, or a
+ * restore's file writer (restore_files.c), which writes the files it created. The
+ * job and the loop meet in a small handoff under a mutex:
  *
  *  - backup: the worker fills BK_NBUF buffers of BK_BUF bytes in turn; a full one
  *    is marked ready and the loop is woken (ev_async); the worker waits (condvar)
@@ -25,7 +27,9 @@
  *    of archive wait in the daemon, and a slow reader slows the walk.
  *  - restore: DATA from the client is copied into a ring as large as the credit we
  *    gave; libarchive's read callback takes one contiguous piece at a time and
- *    releases it at its next call, and only then does the loop give that credit back.
+ *    releases it at its next call, and only then does the loop give that credit back
+ *    (in batches). File data the file writer writes straight from the ring is pinned
+ *    there until it is written (rs_pin): the release stops at the first such byte.
  *
  * The sha256 of the stream is computed where the bytes pass: for a backup by
  * whichever side has time (bk_hash_step: the loop once it has sent what is ready,
@@ -43,7 +47,10 @@
 
 #define PROGRESS_INTERVAL 0.25
 /* restore: the stream's ring, and the most credit the client has at once */
-#define RS_RING (4u << 20)
+#define RS_RING (16u << 20)
+#define RS_GRANT_BATCH (256u << 10)
+#define RS_HASH_STEP (256u << 10) /* hashed at a time, between looks for other work */
+#define RS_HASH_LAG (RS_RING / 4) /* the loop hashes when this much is waiting */
 
 static pthread_once_t locale_once = PTHREAD_ONCE_INIT;
 static locale_t utf8_locale;
@@ -524,59 +531,159 @@ static void rs_free(struct rs *r)
 	free(r);
 }
 
+/* With mu held: give back the ring's bytes libarchive is done with, up to the
+ * oldest one the file writer still has to write. */
+static void rs_release(struct rs *r)
+{
+	size_t n = r->done;
+	if (r->hash_off - r->head_off < n)
+		n = (size_t)(r->hash_off - r->head_off); /* not hashed yet */
+	uint64_t done_end = __atomic_load_n(&r->done_end, __ATOMIC_ACQUIRE);
+	if (done_end < __atomic_load_n(&r->pin_end, __ATOMIC_ACQUIRE)) {
+		/* a piece is pinned: nothing from the first one not yet written */
+		uint64_t keep = done_end > r->head_off ? done_end - r->head_off : 0;
+		if (keep < n)
+			n = (size_t)keep;
+	}
+	if (n == 0)
+		return;
+	r->head = (r->head + n) % r->cap;
+	r->head_off += n;
+	r->len -= n;
+	r->given -= n;
+	r->done -= n;
+	r->to_grant += n;
+	/* credit goes back in batches (a wakeup of the loop each), or at once when the
+	 * worker is about to wait for more */
+	if (r->to_grant >= RS_GRANT_BATCH || r->worker_waits)
+		ev_async_send(r->j.loop, &r->j.async);
+}
+
+/* With mu held (dropped while hashing): put the next bytes of the ring, at most max,
+ * into the stream's sha256, if there are any and no other thread is hashing. Either
+ * the loop (when it is far behind) or the worker (instead of waiting for data) does
+ * it, in stream order: the sha256 is a third of what a restore costs the daemon
+ * beyond extracting, and the loop has the rest of the stream to take in. */
+static bool rs_hash_step(struct rs *r, size_t max)
+{
+	uint64_t end = r->head_off + r->len;
+	if (r->hashing || r->hash_off == end)
+		return false;
+	size_t at = (r->head + (size_t)(r->hash_off - r->head_off)) % r->cap;
+	size_t k = (size_t)(end - r->hash_off);
+	if (k > r->cap - at)
+		k = r->cap - at;
+	if (k > max)
+		k = max;
+	r->hashing = true;
+	pthread_mutex_unlock(&r->j.mu);
+	sha256_update(&r->sha, k, r->ring + at); /* not released before it is hashed */
+	pthread_mutex_lock(&r->j.mu);
+	r->hashing = false;
+	r->hash_off += k;
+	if (r->worker_waits)
+		pthread_cond_signal(&r->j.cv); /* it may be waiting to hash the rest */
+	return true;
+}
+
 ssize_t rs_input(struct rs *r, const void **buf)
 {
 	struct bjob *j = &r->j;
 	pthread_mutex_lock(&j->mu);
-	if (r->held > 0) {
-		/* libarchive is done with the last piece: its credit can go back */
-		r->head = (r->head + r->held) % r->cap;
-		r->len -= r->held;
-		r->to_grant += r->held;
-		r->held = 0;
-		ev_async_send(j->loop, &j->async);
+	/* libarchive is done with the last piece: its credit can go back */
+	r->done = r->given;
+	rs_release(r);
+	if (r->len == r->given && !j->cancelled && (!r->fin || r->hash_off < r->head_off + r->len || r->hashing)) {
+		__atomic_store_n(&r->worker_waits, true, __ATOMIC_RELEASE);
+		for (;;) {
+			rs_release(r); /* (what the file writer or the hashing freed meanwhile) */
+			if (r->to_grant > 0)
+				ev_async_send(j->loop, &j->async);
+			if (r->len != r->given || j->cancelled)
+				break;
+			/* nothing to extract: hash instead of waiting */
+			if (rs_hash_step(r, RS_HASH_STEP))
+				continue;
+			if (r->fin && !r->hashing && r->hash_off == r->head_off + r->len)
+				break;
+			pthread_cond_wait(&j->cv, &j->mu);
+		}
+		__atomic_store_n(&r->worker_waits, false, __ATOMIC_RELEASE);
 	}
-	while (r->len == 0 && !r->fin && !j->cancelled)
-		pthread_cond_wait(&j->cv, &j->mu);
 	ssize_t n;
 	if (j->cancelled) {
 		n = -1;
-	} else if (r->len == 0) {
-		n = 0; /* FIN: the end of the stream */
+	} else if (r->len == r->given) {
+		n = 0; /* FIN: the end of the stream, all of it hashed */
+		if (r->sha_hex[0] == '\0')
+			bk_sha_hex(&r->sha, r->sha_hex);
 	} else {
-		size_t k = r->len < r->cap - r->head ? r->len : r->cap - r->head;
-		r->held = k;
-		*buf = r->ring + r->head;
+		size_t at = (r->head + r->given) % r->cap;
+		size_t k = r->len - r->given < r->cap - at ? r->len - r->given : r->cap - at;
+		*buf = r->ring + at;
+		r->piece = r->ring + at;
+		r->piece_len = k;
+		r->piece_off = r->head_off + r->given;
+		r->given += k;
 		n = (ssize_t)k;
 	}
 	pthread_mutex_unlock(&j->mu);
 	return n;
 }
 
+uint64_t rs_ring_offset(struct rs *r, const void *p)
+{
+	/* the last piece handed out: fields of this thread only, no lock */
+	const uint8_t *b = p;
+	if (r->piece == NULL || b < r->piece || b >= r->piece + r->piece_len)
+		return UINT64_MAX;
+	return r->piece_off + (uint64_t)(b - r->piece);
+}
+
+void rs_pin(struct rs *r, uint64_t start, uint64_t end)
+{
+	(void)start; /* (>= head: the release stops at done_end while end is pending) */
+	/* seen by the file writer's release only after the next rs_input (mu), which
+	 * is also what makes these bytes releasable at all */
+	__atomic_store_n(&r->pin_end, end, __ATOMIC_RELEASE);
+}
+
+void rs_unpin(struct rs *r, uint64_t end)
+{
+	__atomic_store_n(&r->done_end, end, __ATOMIC_RELEASE);
+	/* released by the worker at its next read; by us only when it is waiting for
+	 * data the client cannot send for want of credit */
+	if (__atomic_load_n(&r->worker_waits, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_lock(&r->j.mu);
+		rs_release(r);
+		pthread_mutex_unlock(&r->j.mu);
+	}
+}
+
 static int rs_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
 	struct rs *r = st->op_data;
 	struct bjob *j = &r->j;
-	sha256_update(&r->sha, len, buf);
-	char hex[65];
-	if (fin)
-		bk_sha_hex(&r->sha, hex);
 	pthread_mutex_lock(&j->mu);
 	/* the connection checks the credit, and the ring is as large as all credit */
-	if (len > r->cap - r->len) {
-		pthread_mutex_unlock(&j->mu);
+	size_t room = r->cap - r->len, tail = (r->head + r->len) % r->cap;
+	pthread_mutex_unlock(&j->mu);
+	if (len > room)
 		return err_set(err, ENOBUFS, r->dir.abs, "restore buffer full");
-	}
-	size_t tail = (r->head + r->len) % r->cap;
+	/* outside the lock: the bytes after len are only ever written here, and the
+	 * worker sees them once len says so */
 	size_t first = len < r->cap - tail ? len : r->cap - tail;
 	memcpy(r->ring + tail, buf, first);
 	memcpy(r->ring, buf + first, len - first);
+	pthread_mutex_lock(&j->mu);
 	r->len += len;
-	if (fin) {
-		memcpy(r->sha_hex, hex, sizeof(hex));
+	if (fin)
 		r->fin = true;
-	}
-	pthread_cond_signal(&j->cv);
+	if (r->worker_waits)
+		pthread_cond_signal(&j->cv);
+	/* far behind with the hashing (the worker is busy extracting): catch up */
+	while (r->head_off + r->len - r->hash_off >= RS_HASH_LAG && rs_hash_step(r, RS_HASH_STEP))
+		;
 	pthread_mutex_unlock(&j->mu);
 	return 0;
 }

@@ -84,7 +84,7 @@ int ex_fail(struct ex *x, int code, const char *fmt, ...)
 
 /* A libarchive failure: our input's own error (a cancel, a read error of
  * from_path) if that is what it was, else the archive is bad. */
-static int ex_fail_archive(struct ex *x, const char *what)
+int ex_fail_archive(struct ex *x, const char *what)
 {
 	if (x->input_err != 0)
 		return ex_fail(x, x->input_err, "%s: %s", what, x->input_err == ECANCELED ? "cancelled" : "read");
@@ -320,8 +320,7 @@ static void entry_times(struct archive_entry *e, struct timespec ts[2])
 	ts[1].tv_nsec = archive_entry_mtime_is_set(e) ? archive_entry_mtime_nsec(e) : UTIME_OMIT;
 }
 
-/* The owner to give, or false when we leave it (not root, or it is ours already). */
-static bool want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid)
+bool ex_want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid)
 {
 	if (!x->root)
 		return false;
@@ -344,7 +343,7 @@ static int meta_fd(struct ex *x, struct archive_entry *e, int fd, bool is_dir, m
 	uid_t uid;
 	gid_t gid;
 	bool chowned = false;
-	if (want_owner(x, e, &uid, &gid)) {
+	if (ex_want_owner(x, e, &uid, &gid)) {
 		if (fchown(fd, uid, gid) < 0)
 			ex_chown_failed(x, errno);
 		else
@@ -411,7 +410,7 @@ static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *na
 	}
 	uid_t uid;
 	gid_t gid;
-	if (want_owner(x, e, &uid, &gid) || archive_entry_xattr_count(e) > 0) {
+	if (ex_want_owner(x, e, &uid, &gid) || archive_entry_xattr_count(e) > 0) {
 		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd < 0)
 			return ex_fail(x, errno, "open directory");
@@ -434,49 +433,7 @@ static int ex_file(struct ex *x, struct archive_entry *e, int pfd, const char *n
 	}
 	if (fd < 0)
 		return ex_fail(x, errno, "create");
-	int64_t end = 0;
-	for (;;) {
-		if (ex_cancelled(x)) {
-			close(fd);
-			return ex_fail(x, ECANCELED, "cancelled");
-		}
-		const void *buf;
-		size_t size;
-		la_int64_t off;
-		int rc = archive_read_data_block(x->a, &buf, &size, &off);
-		if (rc == ARCHIVE_EOF)
-			break;
-		if (rc < ARCHIVE_WARN) {
-			close(fd);
-			return ex_fail_archive(x, "read member data");
-		}
-		const uint8_t *p = buf;
-		while (size > 0) {
-			ssize_t n = pwrite(fd, p, size, (off_t)off);
-			if (n < 0) {
-				if (errno == EINTR)
-					continue;
-				int err = errno;
-				close(fd);
-				return ex_fail(x, err, "write");
-			}
-			p += n;
-			size -= (size_t)n;
-			off += n;
-		}
-		if (off > end)
-			end = off;
-	}
-	/* a sparse file's last hole, or an empty file's size */
-	if (archive_entry_size_is_set(e) && archive_entry_size(e) > end && ftruncate(fd, archive_entry_size(e)) < 0) {
-		int err = errno;
-		close(fd);
-		return ex_fail(x, err, "truncate");
-	}
-	mode_t created = x->umask_known ? (perm & ~x->umask) : perm;
-	int rc = meta_fd(x, e, fd, false, created);
-	close(fd);
-	return rc;
+	return rf_file(x, e, fd, x->umask_known ? (perm & ~x->umask) : perm);
 }
 
 static int ex_symlink(struct ex *x, struct archive_entry *e, int pfd, const char *name)
@@ -491,7 +448,7 @@ static int ex_symlink(struct ex *x, struct archive_entry *e, int pfd, const char
 	}
 	uid_t uid;
 	gid_t gid;
-	if (want_owner(x, e, &uid, &gid) && fchownat(pfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+	if (ex_want_owner(x, e, &uid, &gid) && fchownat(pfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
 		ex_chown_failed(x, errno);
 	if (set_xattrs(x, e, -1, pfd, name) < 0)
 		return -1;
@@ -527,7 +484,7 @@ static int ex_node(struct ex *x, struct archive_entry *e, int pfd, const char *n
 	uid_t uid;
 	gid_t gid;
 	bool chowned = false;
-	if (want_owner(x, e, &uid, &gid)) {
+	if (ex_want_owner(x, e, &uid, &gid)) {
 		if (fchownat(fd, "", uid, gid, AT_EMPTY_PATH) < 0)
 			ex_chown_failed(x, errno);
 		else
@@ -749,6 +706,8 @@ static int extract(struct ex *x)
 		__atomic_store_n(&r->j.items, r->entries, __ATOMIC_RELAXED);
 	}
 	x->member = NULL;
+	if (rf_finish(x) < 0)
+		return -1;
 	if (drain(x) < 0)
 		return -1;
 	if (r->has_sha && strcmp(r->sha_hex, r->want_sha) != 0)
@@ -796,12 +755,16 @@ int rs_run(struct rs *r)
 	}
 	if (ex_prepare(x) < 0)
 		goto out;
+	if (rf_start(x) < 0)
+		goto out;
 	if (extract(x) < 0)
 		goto out;
 	if (!r->merge && ex_swap_in(x) < 0)
 		goto out;
 	rc = 0;
 out:
+	/* the file writer first: it may still hold files of the temp directory */
+	rf_free(x);
 	ex_stack_close(x, 0);
 	if (x->a != NULL)
 		archive_read_free(x->a);

@@ -12,7 +12,9 @@
 #include "backup.h"
 
 struct archive;
+struct archive_entry;
 struct journal_entry;
+struct rf;
 
 #define EX_STACK 128          /* open directories kept for the current path */
 #define EX_NAME_MAX 16384     /* longest member name */
@@ -65,18 +67,35 @@ struct ex {
 	bool existed, inplace, tmp_made;
 	struct stat old;
 	struct journal_entry *jent;
+	struct rf *rf; /* the file writer thread (restore_files.c) */
 };
 
 /* Fill the job's error (the first one only) naming the member being restored, or
  * dir itself when none is; returns -1. */
 int ex_fail(struct ex *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool ex_cancelled(struct ex *x);
+/* A libarchive failure: our input's error if that is what it was, else EBADMSG. */
+int ex_fail_archive(struct ex *x, const char *what);
+/* The owner to give a member, or false when we leave it (not root, or ours). */
+bool ex_want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid);
 /* An xattr the filesystem or our privileges refuse: skipped with a log line. */
 bool ex_xattr_skippable(int e);
 /* A chown that failed (an id the user namespace does not map): logged, not fatal. */
 void ex_chown_failed(struct ex *x, int e);
 /* Close the open directories of the stack above level keep. */
 void ex_stack_close(struct ex *x, size_t keep);
+
+/* restore_files.c: the regular files' data and metadata are written by a thread of
+ * their own. rf_start starts it (-1 with the job's error); rf_file hands it the file
+ * just created as fd (the member's data is read from the archive here; fd is the
+ * thread's from then on, or closed on failure), created: the mode it got at
+ * creation; rf_finish waits until all is written (-1 with the job's error, the
+ * thread's first failure); rf_free stops it and frees (any time). */
+#define RF_MODE_UNKNOWN 0xffffffffu
+int rf_start(struct ex *x);
+int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created);
+int rf_finish(struct ex *x);
+void rf_free(struct ex *x);
 
 /* restore_swap.c: set up x->base, the directory to extract into (merge: dir; replace:
  * a journaled temp directory beside dir, or inside it when dir is a mount point). */

@@ -1534,6 +1534,69 @@ static int case_changed(void)
 	return 0;
 }
 
+/* ---- bulk: many files of every size through each restore path ---- */
+
+/* Files from 0 bytes to 700 KiB (more than one write piece of the restore's file
+ * writer), 60 MB in all: more than the stream's ring many times over, so restored
+ * data is written from the ring while the client refills it. Restored from the
+ * stream (written from the ring itself), compressed (copied out of libarchive) and
+ * from_path (copied too): every byte compared. */
+static int case_bulk(void)
+{
+	start();
+	const char *t = kp("t");
+	mk(t, 0755);
+	size_t max = 700 * KiB;
+	uint8_t *buf = malloc(max);
+	CHECK(buf != NULL);
+	for (unsigned i = 0; i < 200; i++) {
+		char name[48];
+		snprintf(name, sizeof(name), "%s/d%u", t, i % 7);
+		struct stat st;
+		if (stat(name, &st) < 0)
+			mk(name, 0755);
+		size_t n = i % 10 == 0 ? i : (size_t)((i * 2654435761u) % max);
+		snprintf(name, sizeof(name), "%s/d%u/f%03u", t, i % 7, i);
+		it_fill(buf, n, i + 1);
+		put(name, buf, n, 0640);
+	}
+	free(buf);
+	struct snap before;
+	snap_take(&before, t);
+	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
+	struct sbx_backup_record rec;
+	backup_file(t, &bo, it_path("b.tar"), &rec);
+	CHECK(rec.source_bytes > 50 * 1000 * 1000);
+	sbx_backup_record_free(&rec);
+	bo.compression = SBX_COMPRESS_GZIP;
+	bo.level = 1;
+	backup_file(t, &bo, it_path("b.tar.gz"), &rec);
+	sbx_backup_record_free(&rec);
+	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
+	const char *in[] = {"b.tar", "b.tar.gz"};
+	for (unsigned k = 0; k < 3; k++) {
+		char dir[32];
+		snprintf(dir, sizeof(dir), "r%u", k);
+		struct sbx_restore_opts o = ro;
+		char from[PATH_MAX];
+		SPRINTF(from, "%s", it_path("b.tar"));
+		if (k == 2) {
+			struct sbx_restore_result res;
+			struct sbx_error err;
+			o.from_path = from;
+			CHECK_SBX(sbx_restore(client, NULL, kp(dir), &o, NULL, NULL, &res, &err), &err);
+		} else {
+			restore_file(kp(dir), &o, it_path(in[k]), NULL);
+		}
+		struct snap after;
+		snap_take(&after, kp(dir));
+		snap_compare(&before, &after, CMP_RESTORED);
+		snap_free(&after);
+	}
+	snap_free(&before);
+	return 0;
+}
+
 /* ---- to_path / from_path ---- */
 
 static int case_to_from_path(void)
@@ -1974,6 +2037,7 @@ CASE(excludes)
 CASE(mounts)
 CASE(unreadable)
 CASE(changed)
+CASE(bulk)
 CASE(to_from_path)
 CASE(cancel_backup)
 CASE(cancel_restore)
@@ -1994,6 +2058,7 @@ int main(int argc, char **argv)
 		{"mounts", case_mounts_},
 		{"unreadable", case_unreadable_},
 		{"changed", case_changed_},
+		{"bulk", case_bulk_},
 		{"to_from_path", case_to_from_path_},
 		{"cancel_backup", case_cancel_backup_},
 		{"cancel_restore", case_cancel_restore_},

@@ -1,0 +1,353 @@
+/* restore_files.c: a restore's file writer thread: the data, owners, xattrs, modes and times of the regular files
+ * the extractor (restore.c) has created, while it goes on with the next members. */
+#include "backup_queue.h"
+#include "log.h"
+#include "restore.h"
+#include "util.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+/*
+ * Writing the files is most of a restore's time (on tmpfs: allocating and filling
+ * pages; elsewhere, the filesystem's own work), and the rest (reading the archive,
+ * resolving and creating paths) is as much again: each on its own thread, the two
+ * CPUs share them. The extractor creates each file (openat O_CREAT|O_EXCL, so the
+ * path checks stay where they were) and queues its data in pieces as libarchive
+ * hands them over, then a last record with its metadata; this thread writes the
+ * pieces, sets the size, the owner, the xattrs, the mode and the times, and closes
+ * it. The fd belongs to the extractor until it queues the last record, to this
+ * thread after. Directories, links and nodes stay with the extractor; nothing
+ * here creates, removes or resolves a name.
+ *
+ * A failure here (ENOSPC...) is kept with the member's name and stops the
+ * extractor at its next record; the job reports it. Records after it are only
+ * closed. rf_finish waits until every file is written: the directories' fixups
+ * and the swap come after.
+ */
+
+#define RF_CHUNK (256u << 10) /* data bytes per record at most */
+
+struct rf {
+	struct ex *x; /* read-only here: root, umask_known, r->dir */
+	struct bq q;
+	/* the writer's failure (under q.mu once the thread runs) */
+	bool err_set;
+	struct shim_err err;
+	bool xattr_warned;
+	int orphan; /* a file the extractor gave up on after handing over some of its data: the
+		     * thread may still write to it, so it is closed after the thread is gone */
+};
+
+static void rf_fail(struct rf *f, const struct bq_rec *r, int code, const char *what)
+{
+	pthread_mutex_lock(&f->q.mu);
+	if (!f->err_set) {
+		f->err_set = true;
+		err_setn(&f->err, code, bq_name(r), r->name_len, "restore: %s", what);
+	}
+	pthread_mutex_unlock(&f->q.mu);
+	bq_stop(&f->q);
+}
+
+static int write_piece(struct rf *f, const struct bq_rec *r)
+{
+	const uint8_t *p = r->ext != NULL ? r->ext : bq_data(r);
+	size_t left = (size_t)r->data_len;
+	off_t off = r->off;
+	while (left > 0) {
+		ssize_t n = pwrite(r->fd, p, left, off);
+		if (n < 0) {
+			if (errno == EINTR && !bjob_cancelled(&f->x->r->j))
+				continue;
+			rf_fail(f, r, errno, "write");
+			return -1;
+		}
+		p += n;
+		left -= (size_t)n;
+		off += n;
+	}
+	return 0;
+}
+
+/* The size (a sparse file's last hole, when the data written ends at end), owner,
+ * xattrs, mode and times. */
+static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
+{
+	const struct stat *st = &r->st;
+	if (st->st_size > end && ftruncate(r->fd, st->st_size) < 0) {
+		rf_fail(f, r, errno, "truncate");
+		return -1;
+	}
+	bool chowned = false;
+	if (r->flags & BQF_CHOWN) {
+		if (fchown(r->fd, st->st_uid, st->st_gid) < 0)
+			/* an id the user namespace does not map (EINVAL): the file stays ours */
+			log_warn("restore %s: cannot give %s its owner: %s", f->x->r->dir.abs, bq_name(r),
+				 strerror(errno));
+		else
+			chowned = true;
+	}
+	/* after the chown and the data: both drop security.capability */
+	for (const uint8_t *x = bq_xattrs(r), *xend = x + r->xattr_bytes; x < xend;) {
+		uint32_t klen, vlen;
+		memcpy(&klen, x, 4);
+		memcpy(&vlen, x + 4, 4);
+		const char *key = (const char *)x + 8;
+		if (fsetxattr(r->fd, key, x + 8 + klen + 1, vlen, 0) < 0) {
+			if (!ex_xattr_skippable(errno)) {
+				char what[300];
+				snprintf(what, sizeof(what), "set xattr %.200s", key);
+				rf_fail(f, r, errno, what);
+				return -1;
+			}
+			if (!f->xattr_warned)
+				log_warn("restore %s: xattr %s of %s not set: %s (further ones not logged)",
+					 f->x->r->dir.abs, key, bq_name(r), strerror(errno));
+			f->xattr_warned = true;
+		}
+		x += 8 + klen + 1 + vlen;
+	}
+	mode_t mode = st->st_mode & 07777;
+	if ((mode != r->aux || (chowned && (mode & 06000))) && fchmod(r->fd, mode) < 0) {
+		rf_fail(f, r, errno, "chmod");
+		return -1;
+	}
+	struct timespec ts[2] = {st->st_atim, st->st_mtim};
+	if (futimens(r->fd, ts) < 0) {
+		rf_fail(f, r, errno, "set times");
+		return -1;
+	}
+	return 0;
+}
+
+static void *rf_main(void *arg)
+{
+	struct rf *f = arg;
+	pthread_setname_np(pthread_self(), "restore-files"); /* top -H, perf */
+	bool failed = false;
+	int64_t end = 0; /* of the data written to the file in hand (its records come together) */
+	struct bq_rec *r = NULL;
+	while ((r = bq_next(&f->q, r)) != NULL) {
+		/* stopped (the extractor failed, or we did): the rest is only closed */
+		if (__atomic_load_n(&f->q.stop, __ATOMIC_ACQUIRE))
+			failed = true;
+		if (!failed && r->data_len > 0 && write_piece(f, r) < 0)
+			failed = true;
+		if (r->data_len > 0 && r->off + (int64_t)r->data_len > end)
+			end = r->off + (int64_t)r->data_len;
+		if (r->ext != NULL)
+			rs_unpin(f->x->r, r->ext_end);
+		if (r->flags & BQF_LAST) {
+			if (!failed && finish_file(f, r, end) < 0)
+				failed = true;
+			close(r->fd);
+			r->fd = -1;
+			end = 0;
+		}
+	}
+	bq_helper_exit(&f->q);
+	return NULL;
+}
+
+int rf_start(struct ex *x)
+{
+	struct rf *f = calloc(1, sizeof(*f));
+	if (f == NULL || bq_init(&f->q, &x->r->j) < 0) {
+		free(f);
+		return ex_fail(x, ENOMEM, "out of memory");
+	}
+	f->x = x;
+	f->orphan = -1;
+	x->rf = f;
+	int rc = bq_spawn(&f->q, rf_main, f);
+	if (rc != 0)
+		return ex_fail(x, rc, "cannot start the file writer thread");
+	return 0;
+}
+
+/* The extractor's error when the writer stopped it: the writer's own. */
+static int stopped(struct ex *x)
+{
+	struct rf *f = x->rf;
+	pthread_mutex_lock(&f->q.mu);
+	bool have = f->err_set;
+	struct shim_err e = f->err;
+	pthread_mutex_unlock(&f->q.mu);
+	if (have && !x->err_set) {
+		x->err_set = true;
+		x->r->j.err = e;
+		return -1;
+	}
+	return ex_fail(x, ECANCELED, "cancelled");
+}
+
+/* A record for the file x->member with payload room for data bytes (data_len is
+ * set by the caller). */
+static struct bq_rec *rec(struct ex *x, size_t xattr_bytes, size_t data, bool last)
+{
+	size_t nlen = strlen(x->member);
+	struct bq_rec *r = bq_reserve(&x->rf->q, bq_payload_size(nlen, 0, xattr_bytes, 0, data), last);
+	if (r == NULL) {
+		if (errno == ENOMEM)
+			ex_fail(x, ENOMEM, "out of memory");
+		else
+			stopped(x);
+		return NULL;
+	}
+	r->name_len = (uint32_t)nlen;
+	r->xattr_bytes = (uint32_t)xattr_bytes;
+	memcpy(r->payload, x->member, nlen + 1);
+	r->payload[nlen + 1] = '\0'; /* no link */
+	return r;
+}
+
+static void entry_times(struct archive_entry *e, struct timespec ts[2])
+{
+	ts[0].tv_sec = archive_entry_atime(e);
+	ts[0].tv_nsec = archive_entry_atime_is_set(e) ? archive_entry_atime_nsec(e) : UTIME_OMIT;
+	ts[1].tv_sec = archive_entry_mtime(e);
+	ts[1].tv_nsec = archive_entry_mtime_is_set(e) ? archive_entry_mtime_nsec(e) : UTIME_OMIT;
+}
+
+/* The extractor gives up on fd: closed now if the thread never saw it, else once it
+ * is gone (it may be writing to it: closing now could let it write to a file opened
+ * meanwhile under the same number). */
+static void drop_fd(struct ex *x, int fd, bool handed)
+{
+	if (handed && x->rf->orphan < 0)
+		x->rf->orphan = fd;
+	else
+		close(fd);
+}
+
+int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
+{
+	bool handed = false;
+	for (;;) {
+		if (ex_cancelled(x)) {
+			drop_fd(x, fd, handed);
+			return ex_fail(x, ECANCELED, "cancelled");
+		}
+		const void *buf;
+		size_t size;
+		la_int64_t off;
+		int rc = archive_read_data_block(x->a, &buf, &size, &off);
+		if (rc == ARCHIVE_EOF)
+			break;
+		if (rc < ARCHIVE_WARN) {
+			drop_fd(x, fd, handed);
+			return ex_fail_archive(x, "read member data");
+		}
+		/* uncompressed from the client, the data is in the stream's ring: written
+		 * from there (pinned until then); else copied into the queue */
+		const uint8_t *p = buf;
+		uint64_t so = x->r->has_from ? UINT64_MAX : rs_ring_offset(x->r, buf);
+		while (size > 0) {
+			size_t n = size < RF_CHUNK ? size : RF_CHUNK;
+			struct bq_rec *r = rec(x, 0, so != UINT64_MAX ? 0 : n, false);
+			if (r == NULL) {
+				drop_fd(x, fd, handed);
+				return -1;
+			}
+			r->fd = fd;
+			r->off = off;
+			r->data_len = n;
+			if (so != UINT64_MAX) {
+				r->ext = p;
+				r->ext_end = so + n;
+				rs_pin(x->r, so, so + n);
+				so += n;
+			} else {
+				memcpy(bq_data(r), p, n);
+			}
+			bq_commit(&x->rf->q, r);
+			handed = true;
+			p += n;
+			size -= n;
+			off += (la_int64_t)n;
+		}
+	}
+	/* the last record: the metadata, and the fd goes with it */
+	size_t xb = 0;
+	const char *key;
+	const void *val;
+	size_t vsize;
+	if (archive_entry_xattr_reset(e) > 0) {
+		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK)
+			xb += 8 + strlen(key) + 1 + vsize;
+	}
+	struct bq_rec *r = rec(x, xb, 0, true);
+	if (r == NULL) {
+		drop_fd(x, fd, handed);
+		return -1;
+	}
+	uint8_t *xp = bq_xattrs(r);
+	if (xb > 0 && archive_entry_xattr_reset(e) > 0) {
+		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK) {
+			uint32_t k = (uint32_t)strlen(key), v = (uint32_t)vsize;
+			memcpy(xp, &k, 4);
+			memcpy(xp + 4, &v, 4);
+			memcpy(xp + 8, key, k + 1);
+			memcpy(xp + 8 + k + 1, val, v);
+			xp += 8 + k + 1 + v;
+		}
+	}
+	r->fd = fd;
+	r->flags = BQF_FD | BQF_LAST;
+	r->st.st_mode = archive_entry_perm(e) & 07777;
+	r->st.st_size = archive_entry_size_is_set(e) ? archive_entry_size(e) : -1;
+	uid_t uid;
+	gid_t gid;
+	if (ex_want_owner(x, e, &uid, &gid)) {
+		r->flags |= BQF_CHOWN;
+		r->st.st_uid = uid;
+		r->st.st_gid = gid;
+	}
+	struct timespec ts[2];
+	entry_times(e, ts);
+	r->st.st_atim = ts[0];
+	r->st.st_mtim = ts[1];
+	r->aux = x->umask_known ? created : RF_MODE_UNKNOWN;
+	bq_commit(&x->rf->q, r);
+	return 0;
+}
+
+int rf_finish(struct ex *x)
+{
+	struct rf *f = x->rf;
+	if (f == NULL)
+		return 0;
+	bq_finish(&f->q, 0, NULL);
+	bq_join(&f->q);
+	if (f->err_set)
+		return stopped(x);
+	if (ex_cancelled(x))
+		return ex_fail(x, ECANCELED, "cancelled");
+	return 0;
+}
+
+void rf_free(struct ex *x)
+{
+	struct rf *f = x->rf;
+	if (f == NULL)
+		return;
+	bq_stop(&f->q);
+	bq_finish(&f->q, -1, NULL);
+	bq_join(&f->q);
+	if (f->orphan >= 0)
+		close(f->orphan);
+	bq_free(&f->q);
+	free(f);
+	x->rf = NULL;
+}
