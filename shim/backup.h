@@ -106,6 +106,9 @@ int bk_run(struct bk *b);
 int bk_output(struct bk *b, const void *data, size_t len);
 /* On the worker: hand the buffer being filled to the loop (the end of the stream). */
 int bk_output_flush(struct bk *b);
+/* On any job thread with nothing better to do: put the next piece of the stream
+ * that is ready into its sha256 (arg: the struct bk). True if it did. */
+bool bk_hash_idle(void *arg);
 
 void bk_list_free(struct bk_list *l);
 /* Add path to the list (counted always, kept within its budget). -1 (ENOMEM). */

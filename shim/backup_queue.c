@@ -133,6 +133,14 @@ struct bq_rec *bq_reserve(struct bq *q, size_t payload, bool with_fd)
 			r = (struct bq_rec *)(void *)(q->ring + pos);
 			break;
 		}
+		if (q->idle_fn != NULL) {
+			/* something else useful while the consumer catches up */
+			pthread_mutex_unlock(&q->mu);
+			bool did = q->idle_fn(q->idle_arg);
+			pthread_mutex_lock(&q->mu);
+			if (did)
+				continue;
+		}
 		wait_other(q, &q->producer_waits);
 	}
 	pthread_mutex_unlock(&q->mu);

@@ -70,6 +70,10 @@ struct bq {
 	unsigned nrec;       /* records in the ring */
 	bool producer_waits; /* for room: woken once half the ring is free */
 	bool consumer_waits; /* for records: woken once a batch is there */
+	/* what the producer does instead of waiting for room, if it can (true: it did
+	 * some): a backup's walker hashes the stream meanwhile */
+	bool (*idle_fn)(void *arg);
+	void *idle_arg;
 	/* the job's helper thread (a backup's walker, a restore's file writer) */
 	pthread_t helper;
 	bool helper_started;

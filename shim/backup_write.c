@@ -540,6 +540,12 @@ int bk_run(struct bk *b)
 		goto out;
 	if (archive_setup(&w) < 0)
 		goto out;
+	if (!b->has_to) {
+		/* the walker hashes while it waits for the writer (with to_path the
+		 * writer hashes as it writes the file) */
+		w.q.idle_fn = bk_hash_idle;
+		w.q.idle_arg = b;
+	}
 	if (bk_walk_start(w.walk, &w.q, &b->j.err) < 0) {
 		w.err_set = true;
 		goto out;

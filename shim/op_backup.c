@@ -210,6 +210,15 @@ static bool bk_hash_step(struct bk *b, bool sent_only)
 	return true;
 }
 
+bool bk_hash_idle(void *arg)
+{
+	struct bk *b = arg;
+	pthread_mutex_lock(&b->j.mu);
+	bool did = bk_hash_step(b, true);
+	pthread_mutex_unlock(&b->j.mu);
+	return did;
+}
+
 /* Worker: the buffer being filled is complete; hand it over and wait for the next
  * (hashing what is ready meanwhile). */
 static int bk_hand_over(struct bk *b, bool wait_next)
