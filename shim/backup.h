@@ -50,6 +50,7 @@ bool bjob_cancelled(struct bjob *j);
  * walk is behind, and of big ones, where sending and the client are.) */
 #define BK_BUF (1u << 20)
 #define BK_NBUF 12
+#define BK_NBUF_MIN 3 /* when other backups or restores run: they share the CPUs anyway */
 
 enum { BKB_FREE, BKB_FILLING, BKB_READY };
 
@@ -85,6 +86,8 @@ struct bk {
 	struct fs_path to;
 	/* the handoff */
 	struct bk_buf buf[BK_NBUF];
+	unsigned nbuf;         /* of them in use */
+	bool counted;          /* in jobs_running (op_backup.c) */
 	unsigned fill;         /* worker: the buffer being filled */
 	unsigned head;         /* loop: the next buffer to send */
 	unsigned hash_head;    /* under mu: the next buffer to hash (in stream order) */
@@ -146,6 +149,7 @@ struct rs {
 	struct fs_path from;
 	/* the stream (under mu): DATA from the client waits in a ring as large as the
 	 * credit it may have; the worker hands libarchive one piece of it at a time */
+	bool counted; /* in jobs_running (op_backup.c) */
 	uint8_t *ring;
 	size_t cap, head, len;
 	size_t given;         /* bytes from head handed to libarchive */

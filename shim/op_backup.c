@@ -46,8 +46,11 @@
  */
 
 #define PROGRESS_INTERVAL 0.25
+/* backups and restores under way (loop thread only): the first gets big buffers */
+static unsigned jobs_running;
 /* restore: the stream's ring, and the most credit the client has at once */
 #define RS_RING (16u << 20)
+#define RS_RING_MIN (4u << 20) /* when other jobs run */
 #define RS_GRANT_BATCH (256u << 10)
 #define RS_HASH_STEP (256u << 10) /* hashed at a time, between looks for other work */
 #define RS_HASH_LAG (RS_RING / 4) /* the loop hashes when this much is waiting */
@@ -154,7 +157,9 @@ static bool bjob_cancel(struct bjob *j)
 
 static void bk_free(struct bk *b)
 {
-	for (unsigned i = 0; i < BK_NBUF; i++)
+	if (b->counted)
+		jobs_running--;
+	for (unsigned i = 0; i < b->nbuf; i++)
 		free(b->buf[i].data);
 	for (size_t i = 0; i < b->n_excludes; i++)
 		free(b->excludes[i]);
@@ -202,7 +207,7 @@ static bool bk_hash_step(struct bk *b, bool sent_only)
 	b->hashing = false;
 	x->hashed += n;
 	if (x->hashed == x->len) {
-		b->hash_head = (b->hash_head + 1) % BK_NBUF;
+		b->hash_head = (b->hash_head + 1) % b->nbuf;
 		if (x->sent_all)
 			bk_buf_release(b, x);
 	}
@@ -231,7 +236,7 @@ static int bk_hand_over(struct bk *b, bool wait_next)
 		pthread_mutex_unlock(&j->mu);
 		return 0;
 	}
-	unsigned next = (b->fill + 1) % BK_NBUF;
+	unsigned next = (b->fill + 1) % b->nbuf;
 	while (b->buf[next].state != BKB_FREE && !j->cancelled) {
 		if (!bk_hash_step(b, true)) /* the loop is behind with hashing, not sending */
 			pthread_cond_wait(&j->cv, &j->mu);
@@ -404,7 +409,7 @@ static bool bk_send_ready(struct stream *st, struct bk *b)
 		if (x->hashed == x->len)
 			bk_buf_release(b, x);
 		pthread_mutex_unlock(&j->mu);
-		b->head = (b->head + 1) % BK_NBUF;
+		b->head = (b->head + 1) % b->nbuf;
 	}
 }
 
@@ -514,7 +519,10 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 		}
 	}
 	/* the handoff buffers (with to_path, the first one buffers the file writes) */
-	for (unsigned i = 0; i < (b->has_to ? 1u : BK_NBUF); i++) {
+	/* the full set of buffers for the one job running; a few each when several
+	 * share the CPUs anyway (memory stays a few MiB per job) */
+	b->nbuf = b->has_to ? 1u : jobs_running > 0 ? BK_NBUF_MIN : BK_NBUF;
+	for (unsigned i = 0; i < b->nbuf; i++) {
 		b->buf[i].data = malloc(BK_BUF);
 		if (b->buf[i].data == NULL) {
 			err_set(err, ENOMEM, NULL, "out of memory");
@@ -525,6 +533,8 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	sha256_init(&b->sha);
 	st->ops = &bk_ops;
 	st->op_data = b;
+	b->counted = true;
+	jobs_running++;
 	bjob_start(&b->j, st, bk_async_cb, bk_run_work, bk_done);
 	return 0;
 fail:
@@ -536,6 +546,8 @@ fail:
 
 static void rs_free(struct rs *r)
 {
+	if (r->counted)
+		jobs_running--;
 	free(r->ring);
 	free(r);
 }
@@ -791,7 +803,8 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 		/* As large as the credit the client may have, so every byte it sends fits:
 		 * the initial window, raised to RS_RING at once. A window of 256 KiB would
 		 * make the client wait for credit every few hundred microseconds. */
-		r->cap = st->recv_left > RS_RING ? st->recv_left : RS_RING;
+		size_t ring = jobs_running > 0 ? RS_RING_MIN : RS_RING;
+		r->cap = st->recv_left > ring ? st->recv_left : ring;
 		r->ring = malloc(r->cap);
 		if (r->ring == NULL) {
 			err_set(err, ENOMEM, NULL, "out of memory");
@@ -803,6 +816,8 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	sha256_init(&r->sha);
 	st->ops = r->has_from ? &rs_file_ops : &rs_ops;
 	st->op_data = r;
+	r->counted = true;
+	jobs_running++;
 	bjob_start(&r->j, st, rs_async_cb, rs_run_work, rs_done);
 	return 0;
 fail:

@@ -1597,6 +1597,80 @@ static int case_bulk(void)
 	return 0;
 }
 
+/* Several at once: the first job gets big buffers, the others small ones; the
+ * archives are the same bytes and every restore is whole. */
+struct job_arg {
+	const char *dir, *file;
+	bool restore;
+	struct sbx_backup_record rec;
+};
+
+static void *job_thread(void *arg)
+{
+	struct job_arg *a = arg;
+	if (a->restore) {
+		struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
+		restore_file(a->dir, &ro, a->file, NULL);
+	} else {
+		struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
+		backup_file(a->dir, &bo, a->file, &a->rec);
+	}
+	return NULL;
+}
+
+static int case_concurrent(void)
+{
+	start();
+	const char *t = kp("t");
+	mk(t, 0755);
+	uint8_t *buf = malloc(300 * KiB);
+	CHECK(buf != NULL);
+	for (unsigned i = 0; i < 120; i++) {
+		char name[48];
+		snprintf(name, sizeof(name), "%s/f%03u", t, i);
+		size_t n = (size_t)((i * 2654435761u) % (300 * KiB));
+		it_fill(buf, n, i + 7);
+		put(name, buf, n, 0644);
+	}
+	free(buf);
+	struct snap before;
+	snap_take(&before, t);
+	enum { N = 3 };
+	struct job_arg a[N];
+	pthread_t th[N];
+	char files[N][PATH_MAX], dirs[N][32];
+	for (unsigned i = 0; i < N; i++) {
+		SPRINTF(files[i], "%s/c%u.tar", it_dir(), i);
+		a[i] = (struct job_arg){.dir = t, .file = files[i]};
+		CHECK(pthread_create(&th[i], NULL, job_thread, &a[i]) == 0);
+	}
+	for (unsigned i = 0; i < N; i++)
+		pthread_join(th[i], NULL);
+	for (unsigned i = 0; i < N; i++) {
+		char sha[65];
+		file_sha(files[i], sha);
+		CHECK(strcmp(sha, a[i].rec.sha256) == 0);
+		CHECK(strcmp(a[i].rec.sha256, a[0].rec.sha256) == 0);
+		CHECK_EQ(a[i].rec.entries, before.n);
+		sbx_backup_record_free(&a[i].rec);
+	}
+	for (unsigned i = 0; i < N; i++) {
+		snprintf(dirs[i], sizeof(dirs[i]), "r%u", i);
+		a[i] = (struct job_arg){.dir = kp(dirs[i]), .file = files[i], .restore = true};
+		CHECK(pthread_create(&th[i], NULL, job_thread, &a[i]) == 0);
+	}
+	for (unsigned i = 0; i < N; i++)
+		pthread_join(th[i], NULL);
+	for (unsigned i = 0; i < N; i++) {
+		struct snap after;
+		snap_take(&after, a[i].dir);
+		snap_compare(&before, &after, CMP_RESTORED);
+		snap_free(&after);
+	}
+	snap_free(&before);
+	return 0;
+}
+
 /* ---- to_path / from_path ---- */
 
 static int case_to_from_path(void)
@@ -2038,6 +2112,7 @@ CASE(mounts)
 CASE(unreadable)
 CASE(changed)
 CASE(bulk)
+CASE(concurrent)
 CASE(to_from_path)
 CASE(cancel_backup)
 CASE(cancel_restore)
@@ -2059,6 +2134,7 @@ int main(int argc, char **argv)
 		{"unreadable", case_unreadable_},
 		{"changed", case_changed_},
 		{"bulk", case_bulk_},
+		{"concurrent", case_concurrent_},
 		{"to_from_path", case_to_from_path_},
 		{"cancel_backup", case_cancel_backup_},
 		{"cancel_restore", case_cancel_restore_},
