@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -423,24 +422,6 @@ static void to_cleanup(struct wr *w)
 
 /* ---- the job ---- */
 
-static void make_id(char out[37])
-{
-	uint8_t r[16];
-	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
-		uint64_t x = mono_ns() ^ ((uint64_t)getpid() << 40) ^ (uint64_t)time(NULL);
-		for (size_t i = 0; i < sizeof(r); i++) {
-			x ^= x << 13;
-			x ^= x >> 7;
-			x ^= x << 17;
-			r[i] = (uint8_t)x;
-		}
-	}
-	r[6] = (uint8_t)((r[6] & 0x0f) | 0x40); /* version 4 */
-	r[8] = (uint8_t)((r[8] & 0x3f) | 0x80); /* variant 10 */
-	snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2],
-		 r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
-}
-
 static int archive_setup(struct wr *w)
 {
 	struct bk *b = w->b;
@@ -514,7 +495,7 @@ static void wr_free(struct wr *w)
 int bk_run(struct bk *b)
 {
 	struct wr w = {.b = b, .to_dfd = -1, .to_fd = -1};
-	make_id(b->id);
+	uuid4(b->id);
 	struct tm tm;
 	time_t now = time(NULL);
 	gmtime_r(&now, &tm);

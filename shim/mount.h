@@ -65,9 +65,6 @@ int mount_check_request(const struct Shim__V1__MountRequest *q, struct shim_err 
  * id; the secrets are checked once more as C strings. NULL with err. */
 struct mount_plan *mount_plan_new(const struct Shim__V1__MountRequest *q, const char *path, const char *id,
 				  const char *state_dir, struct shim_err *err);
-/* A new random (version 4) UUID as text into out. */
-void mount_new_id(char out[40]);
-
 /* ---- children (mount_spawn.c; loop thread) ---- */
 
 /* fork and exec path with argv and envp (all built before), stdin from /dev/null,

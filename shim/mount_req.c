@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 /* ================================ checks ================================ */
@@ -168,20 +167,6 @@ int mount_check_option(const char *name, const char *value, struct shim_err *err
 }
 
 /* ================================ the request ================================ */
-
-void mount_new_id(char out[40])
-{
-	uint8_t r[16];
-	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
-		uint64_t t = mono_ns() ^ (uint64_t)getpid();
-		for (size_t i = 0; i < sizeof(r); i++)
-			r[i] = (uint8_t)(t >> (8 * (i % 8))) ^ (uint8_t)(i * 37);
-	}
-	r[6] = (uint8_t)((r[6] & 0x0f) | 0x40);
-	r[8] = (uint8_t)((r[8] & 0x3f) | 0x80);
-	snprintf(out, 40, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2],
-		 r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
-}
 
 int mount_check_request(const Shim__V1__MountRequest *q, struct shim_err *err)
 {

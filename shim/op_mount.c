@@ -876,7 +876,7 @@ int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *e
 		return err_setn(err, EBUSY, q->path.data, q->path.len < 1024 ? q->path.len : 1023,
 				"a mount at this path exists already");
 	}
-	mount_new_id(m->id);
+	uuid4(m->id);
 	time_t now = time(NULL);
 	struct tm tm;
 	gmtime_r(&now, &tm);

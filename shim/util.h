@@ -39,6 +39,9 @@ static inline void cleanup_closep(int *fd)
 		steal_tmp_;            \
 	})
 
+/* A random (version 4) UUID, lowercase, NUL-terminated: 36 characters. */
+void uuid4(char out[37]);
+
 static inline uint64_t mono_ns(void)
 {
 	struct timespec ts;
