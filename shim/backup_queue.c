@@ -263,7 +263,7 @@ void bq_join(struct bq *q)
 		return;
 	pthread_mutex_lock(&q->mu);
 	while (!q->exited) {
-		if (q->stop)
+		if (q->stop || bjob_cancelled(q->j))
 			pthread_kill(q->helper, FS_CANCEL_SIGNAL);
 		struct timespec ts;
 		clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -109,8 +109,8 @@ void bq_stop(struct bq *q);
 int bq_spawn(struct bq *q, void *(*fn)(void *), void *arg);
 /* Helper thread: the last thing it does before it returns. */
 void bq_helper_exit(struct bq *q);
-/* Wait until the helper has returned (if it was started). Once q->stop is set it is
- * sent the interrupt signal every 100 ms meanwhile. */
+/* Wait until the helper has returned (if it was started). Once q->stop is set or the
+ * job is cancelled it is sent the interrupt signal every 100 ms meanwhile. */
 void bq_join(struct bq *q);
 
 /* Did the file change while it was read? fstat of the open file against st (size,
