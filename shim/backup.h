@@ -183,10 +183,10 @@ ssize_t rs_input(struct rs *r, const void **buf);
 /* On the worker: the stream offset of p if it points into the ring (at bytes handed
  * out by rs_input), else UINT64_MAX. Bytes from there may be pinned: */
 uint64_t rs_ring_offset(struct rs *r, const void *p);
-/* On the worker: keep the ring's bytes [start, end) (stream offsets, from
- * rs_ring_offset) until rs_unpin(end): the file writer writes them from where they
- * are. Pieces are pinned and unpinned in stream order. */
-void rs_pin(struct rs *r, uint64_t start, uint64_t end);
+/* On the worker: keep the ring's bytes of the last piece up to end (a stream offset,
+ * from rs_ring_offset) until rs_unpin(end): the file writer writes them from where
+ * they are. Pinned and unpinned in stream order. */
+void rs_pin(struct rs *r, uint64_t end);
 /* On the file writer's thread: the pinned bytes up to end are written. */
 void rs_unpin(struct rs *r, uint64_t end);
 

@@ -1,4 +1,4 @@
-/* backup_queue.c: the ring of entry records from a backup's walker to its writer. */
+/* backup_queue.c: the ring of records from one thread of a backup or restore job to the other. */
 #include "backup_queue.h"
 #include "backup.h"
 #include "fs.h"
@@ -25,7 +25,7 @@
  * not for each record: one wakeup per entry would cost a context switch each. The
  * waits are timed, so a side also finds what is there (or a cancel) on its own:
  * at worst POLL_NS later, e.g. while the other is stuck in a syscall on a hung
- * filesystem (the writer then interrupts it: bk_walk_stop).
+ * filesystem (bq_join then interrupts it).
  */
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
@@ -91,17 +91,19 @@ void bq_free(struct bq *q)
 	pthread_cond_destroy(&q->cv);
 }
 
-/* With mu held: wait on cv for the other side (*flag set meanwhile), at most POLL_NS. */
-static void wait_other(struct bq *q, bool *flag)
+/* With mu held: wait on cv at most ns (*flag set meanwhile, if not NULL). */
+static void timed_wait(struct bq *q, bool *flag, uint64_t ns)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t ns = (uint64_t)ts.tv_nsec + POLL_NS;
+	ns += (uint64_t)ts.tv_nsec;
 	ts.tv_sec += (time_t)(ns / 1000000000ull);
 	ts.tv_nsec = (long)(ns % 1000000000ull);
-	*flag = true;
+	if (flag != NULL)
+		*flag = true;
 	pthread_cond_timedwait(&q->cv, &q->mu, &ts);
-	*flag = false;
+	if (flag != NULL)
+		*flag = false;
 }
 
 /* With mu held: wake whoever waits, now. */
@@ -141,7 +143,7 @@ struct bq_rec *bq_reserve(struct bq *q, size_t payload, bool with_fd)
 			if (did)
 				continue;
 		}
-		wait_other(q, &q->producer_waits);
+		timed_wait(q, &q->producer_waits, POLL_NS);
 	}
 	pthread_mutex_unlock(&q->mu);
 	if (r == NULL) {
@@ -214,7 +216,7 @@ struct bq_rec *bq_next(struct bq *q, struct bq_rec *done)
 		release_locked(q, done);
 	struct bq_rec *r = NULL;
 	while (q->used == 0 && !q->done && !bjob_cancelled(q->j))
-		wait_other(q, &q->consumer_waits);
+		timed_wait(q, &q->consumer_waits, POLL_NS);
 	if (q->used > 0 && !bjob_cancelled(q->j))
 		r = at_head(q);
 	pthread_mutex_unlock(&q->mu);
@@ -265,14 +267,7 @@ void bq_join(struct bq *q)
 	while (!q->exited) {
 		if (q->stop || bjob_cancelled(q->j))
 			pthread_kill(q->helper, FS_CANCEL_SIGNAL);
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_nsec += 100000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+		timed_wait(q, NULL, 100000000ull);
 	}
 	pthread_mutex_unlock(&q->mu);
 	pthread_join(q->helper, NULL);

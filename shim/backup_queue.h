@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "err.h"
@@ -44,7 +45,7 @@ struct bq_rec {
 	int fd;
 	struct stat st;
 	uint32_t name_len, link_len; /* each followed by a NUL */
-	uint32_t xattr_bytes;        /* records of (u32 key_len, u32 value_len, key NUL, value) */
+	uint32_t xattr_bytes;        /* xattrs (bq_xattr_put/get) */
 	uint32_t nreg;               /* sparse map: struct bq_region[nreg] */
 	uint64_t data_len;           /* inline data (less than st_size if the file shrank) */
 	int64_t off;                 /* restore: where the data goes in the file */
@@ -140,6 +141,35 @@ static inline uint8_t *bq_data(const struct bq_rec *r)
 {
 	return (uint8_t *)(bq_regions(r) + r->nreg);
 }
+/* The xattrs of a record, one after the other: u32 key length, u32 value length, the
+ * key and a NUL, the value. Bytes one takes: */
+static inline size_t bq_xattr_size(size_t klen, size_t vlen)
+{
+	return 8 + klen + 1 + vlen;
+}
+/* Put one at p; where the next one goes. */
+static inline uint8_t *bq_xattr_put(uint8_t *p, const char *key, size_t klen, const void *val, size_t vlen)
+{
+	uint32_t k = (uint32_t)klen, v = (uint32_t)vlen;
+	memcpy(p, &k, 4);
+	memcpy(p + 4, &v, 4);
+	memcpy(p + 8, key, klen);
+	p[8 + klen] = '\0';
+	memcpy(p + 8 + klen + 1, val, vlen);
+	return p + bq_xattr_size(klen, vlen);
+}
+/* The one at p; where the next one is. */
+static inline const uint8_t *bq_xattr_get(const uint8_t *p, const char **key, const void **val, size_t *vlen)
+{
+	uint32_t k, v;
+	memcpy(&k, p, 4);
+	memcpy(&v, p + 4, 4);
+	*key = (const char *)p + 8;
+	*val = p + 8 + k + 1;
+	*vlen = v;
+	return p + bq_xattr_size(k, v);
+}
+
 /* Payload bytes for these sizes (as laid out by the accessors above). */
 static inline size_t bq_payload_size(size_t name_len, size_t link_len, size_t xattr_bytes, size_t nreg, size_t data_len)
 {

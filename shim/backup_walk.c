@@ -216,7 +216,7 @@ static ssize_t get_xattr(struct bk_walk *w, int fd, int dfd, const char *name, c
 
 static int xbuf_add(struct bk_walk *w, const char *key, size_t klen, const void *val, size_t vlen)
 {
-	size_t need = w->xlen + 8 + klen + 1 + vlen;
+	size_t need = w->xlen + bq_xattr_size(klen, vlen);
 	if (need > w->xcap) {
 		size_t ncap = w->xcap ? w->xcap : 4096;
 		while (ncap < need)
@@ -227,11 +227,7 @@ static int xbuf_add(struct bk_walk *w, const char *key, size_t klen, const void 
 		w->xbuf = nb;
 		w->xcap = ncap;
 	}
-	uint32_t k = (uint32_t)klen, v = (uint32_t)vlen;
-	memcpy(w->xbuf + w->xlen, &k, 4);
-	memcpy(w->xbuf + w->xlen + 4, &v, 4);
-	memcpy(w->xbuf + w->xlen + 8, key, klen + 1);
-	memcpy(w->xbuf + w->xlen + 8 + klen + 1, val, vlen);
+	bq_xattr_put(w->xbuf + w->xlen, key, klen, val, vlen);
 	w->xlen = need;
 	return 0;
 }

@@ -202,11 +202,11 @@ static int put_entry(struct wr *w, struct bq_rec *r)
 	if (r->flags & BQF_HARDLINK)
 		archive_entry_copy_hardlink(e, bq_link(r));
 	for (const uint8_t *x = bq_xattrs(r), *end = x + r->xattr_bytes; x < end;) {
-		uint32_t klen, vlen;
-		memcpy(&klen, x, 4);
-		memcpy(&vlen, x + 4, 4);
-		archive_entry_xattr_add_entry(e, (const char *)x + 8, x + 8 + klen + 1, vlen);
-		x += 8 + klen + 1 + vlen;
+		const char *key;
+		const void *val;
+		size_t vlen;
+		x = bq_xattr_get(x, &key, &val, &vlen);
+		archive_entry_xattr_add_entry(e, key, val, vlen);
 	}
 	const struct bq_region *reg = bq_regions(r);
 	for (size_t i = 0; i < r->nreg; i++)

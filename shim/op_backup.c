@@ -31,13 +31,14 @@
  *    (in batches). File data the file writer writes straight from the ring is pinned
  *    there until it is written (rs_pin): the release stops at the first such byte.
  *
- * The sha256 of the stream is computed where the bytes pass: for a backup by
- * whichever side has time (bk_hash_step: the loop once it has sent what is ready,
- * the walker instead of waiting for a free buffer; in stream order, one at a time),
- * for a restore on the loop as they come in, and on the worker when the archive
- * goes to or comes from a file in the sandbox (to_path / from_path). Two CPUs are
- * then both busy: the walker alone is slow in a region of small files, the loop and
- * the reader are behind in one of big files, and the hashing goes to the idle one.
+ * The sha256 of the stream is computed by whichever thread has time, in stream
+ * order, one at a time: for a backup (bk_hash_step) the loop once it has sent what
+ * is ready, the worker instead of waiting for a free buffer, the walker instead of
+ * waiting for room in its queue; for a restore (rs_hash_step) the worker instead of
+ * waiting for data, the loop only when far behind. With to_path / from_path the
+ * worker hashes as it writes or reads the file. Two CPUs are then both busy: the
+ * walk is slow in a region of small files, sending and the client are behind in one
+ * of big files, and the hashing goes to whoever is idle.
  *
  * Cancel, disconnect and shutdown set a flag under the mutex and wake the worker;
  * it notices in its next callback or between entries, cleans up (temp files, temp
@@ -53,7 +54,6 @@ static unsigned jobs_running;
 #define RS_RING_MIN (4u << 20) /* when other jobs run */
 #define RS_GRANT_BATCH (256u << 10)
 #define RS_HASH_STEP (256u << 10) /* hashed at a time, between looks for other work */
-#define RS_HASH_LAG (RS_RING / 4) /* the loop hashes when this much is waiting */
 
 static pthread_once_t locale_once = PTHREAD_ONCE_INIT;
 static locale_t utf8_locale;
@@ -211,7 +211,7 @@ static bool bk_hash_step(struct bk *b, bool sent_only)
 		if (x->sent_all)
 			bk_buf_release(b, x);
 	}
-	pthread_cond_signal(&b->j.cv); /* the walker may be waiting to hash the next */
+	pthread_cond_signal(&b->j.cv); /* the worker may be waiting to hash the next */
 	return true;
 }
 
@@ -661,9 +661,8 @@ uint64_t rs_ring_offset(struct rs *r, const void *p)
 	return r->piece_off + (uint64_t)(b - r->piece);
 }
 
-void rs_pin(struct rs *r, uint64_t start, uint64_t end)
+void rs_pin(struct rs *r, uint64_t end)
 {
-	(void)start; /* (>= head: the release stops at done_end while end is pending) */
 	/* seen by the file writer's release only after the next rs_input (mu), which
 	 * is also what makes these bytes releasable at all */
 	__atomic_store_n(&r->pin_end, end, __ATOMIC_RELEASE);
@@ -702,8 +701,9 @@ static int rs_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, 
 		r->fin = true;
 	if (r->worker_waits)
 		pthread_cond_signal(&j->cv);
-	/* far behind with the hashing (the worker is busy extracting): catch up */
-	while (r->head_off + r->len - r->hash_off >= RS_HASH_LAG && rs_hash_step(r, RS_HASH_STEP))
+	/* far behind with the hashing, a quarter of the ring (the worker is busy
+	 * extracting): catch up */
+	while (r->head_off + r->len - r->hash_off >= r->cap / 4 && rs_hash_step(r, RS_HASH_STEP))
 		;
 	pthread_mutex_unlock(&j->mu);
 	return 0;

@@ -312,7 +312,7 @@ static int set_xattrs(struct ex *x, struct archive_entry *e, int fd, int pfd, co
 	return 0;
 }
 
-static void entry_times(struct archive_entry *e, struct timespec ts[2])
+void ex_entry_times(struct archive_entry *e, struct timespec ts[2])
 {
 	ts[0].tv_sec = archive_entry_atime(e);
 	ts[0].tv_nsec = archive_entry_atime_is_set(e) ? archive_entry_atime_nsec(e) : UTIME_OMIT;
@@ -335,33 +335,15 @@ void ex_chown_failed(struct ex *x, int e)
 	log_warn("restore %s: cannot give %s its owner: %s", x->r->dir.abs, x->member, strerror(e));
 }
 
-/* Owner, xattrs, mode (after the chown, which clears set-id bits) and times of a
- * member open as fd (a file, or a directory without its mode and times, which are
- * set at the end). created: the mode the file got at creation. */
-static int meta_fd(struct ex *x, struct archive_entry *e, int fd, bool is_dir, mode_t created)
+/* Owner and xattrs of a directory open as fd (its mode and times are set at the end,
+ * apply_fixups; regular files get theirs from the file writer, restore_files.c). */
+static int meta_dir(struct ex *x, struct archive_entry *e, int fd)
 {
 	uid_t uid;
 	gid_t gid;
-	bool chowned = false;
-	if (ex_want_owner(x, e, &uid, &gid)) {
-		if (fchown(fd, uid, gid) < 0)
-			ex_chown_failed(x, errno);
-		else
-			chowned = true;
-	}
-	/* after the chown and the data: both drop security.capability */
-	if (set_xattrs(x, e, fd, -1, NULL) < 0)
-		return -1;
-	if (is_dir)
-		return 0;
-	mode_t mode = archive_entry_perm(e) & 07777;
-	if ((mode != created || !x->umask_known || (chowned && (mode & 06000))) && fchmod(fd, mode) < 0)
-		return ex_fail(x, errno, "chmod");
-	struct timespec ts[2];
-	entry_times(e, ts);
-	if (futimens(fd, ts) < 0)
-		return ex_fail(x, errno, "set times");
-	return 0;
+	if (ex_want_owner(x, e, &uid, &gid) && fchown(fd, uid, gid) < 0)
+		ex_chown_failed(x, errno);
+	return set_xattrs(x, e, fd, -1, NULL);
 }
 
 static int add_fix(struct ex *x, struct archive_entry *e)
@@ -379,7 +361,7 @@ static int add_fix(struct ex *x, struct archive_entry *e)
 	if (f->path == NULL)
 		return ex_fail(x, ENOMEM, "out of memory");
 	f->mode = archive_entry_perm(e) & 07777;
-	entry_times(e, f->ts);
+	ex_entry_times(e, f->ts);
 	x->nfix++;
 	return 0;
 }
@@ -391,7 +373,7 @@ static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *na
 	if (x->plen == 0) {
 		/* dir itself ("./"): its owner and xattrs now, mode and times at the end */
 		x->root_seen = true;
-		if (meta_fd(x, e, x->base, true, 0) < 0)
+		if (meta_dir(x, e, x->base) < 0)
 			return -1;
 		return add_fix(x, e);
 	}
@@ -414,7 +396,7 @@ static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *na
 		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd < 0)
 			return ex_fail(x, errno, "open directory");
-		int rc = meta_fd(x, e, fd, true, 0);
+		int rc = meta_dir(x, e, fd);
 		close(fd);
 		if (rc < 0)
 			return -1;
@@ -453,7 +435,7 @@ static int ex_symlink(struct ex *x, struct archive_entry *e, int pfd, const char
 	if (set_xattrs(x, e, -1, pfd, name) < 0)
 		return -1;
 	struct timespec ts[2];
-	entry_times(e, ts);
+	ex_entry_times(e, ts);
 	if (utimensat(pfd, name, ts, AT_SYMLINK_NOFOLLOW) < 0)
 		return ex_fail(x, errno, "set times");
 	return 0;
@@ -498,7 +480,7 @@ static int ex_node(struct ex *x, struct archive_entry *e, int pfd, const char *n
 		goto out;
 	}
 	struct timespec ts[2];
-	entry_times(e, ts);
+	ex_entry_times(e, ts);
 	if (fs_fd_utimens(fd, ts) < 0) {
 		ex_fail(x, errno, "set times");
 		goto out;

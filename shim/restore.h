@@ -76,6 +76,8 @@ int ex_fail(struct ex *x, int code, const char *fmt, ...) __attribute__((format(
 bool ex_cancelled(struct ex *x);
 /* A libarchive failure: our input's error if that is what it was, else EBADMSG. */
 int ex_fail_archive(struct ex *x, const char *what);
+/* A member's atime and mtime for utimensat (UTIME_OMIT where the archive has none). */
+void ex_entry_times(struct archive_entry *e, struct timespec ts[2]);
 /* The owner to give a member, or false when we leave it (not root, or ours). */
 bool ex_want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid);
 /* An xattr the filesystem or our privileges refuse: skipped with a log line. */

@@ -100,11 +100,11 @@ static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
 	}
 	/* after the chown and the data: both drop security.capability */
 	for (const uint8_t *x = bq_xattrs(r), *xend = x + r->xattr_bytes; x < xend;) {
-		uint32_t klen, vlen;
-		memcpy(&klen, x, 4);
-		memcpy(&vlen, x + 4, 4);
-		const char *key = (const char *)x + 8;
-		if (fsetxattr(r->fd, key, x + 8 + klen + 1, vlen, 0) < 0) {
+		const char *key;
+		const void *val;
+		size_t vlen;
+		x = bq_xattr_get(x, &key, &val, &vlen);
+		if (fsetxattr(r->fd, key, val, vlen, 0) < 0) {
 			if (!ex_xattr_skippable(errno)) {
 				char what[300];
 				snprintf(what, sizeof(what), "set xattr %.200s", key);
@@ -116,7 +116,6 @@ static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
 					 f->x->r->dir.abs, key, bq_name(r), strerror(errno));
 			f->xattr_warned = true;
 		}
-		x += 8 + klen + 1 + vlen;
 	}
 	mode_t mode = st->st_mode & 07777;
 	if ((mode != r->aux || (chowned && (mode & 06000))) && fchmod(r->fd, mode) < 0) {
@@ -212,14 +211,6 @@ static struct bq_rec *rec(struct ex *x, size_t xattr_bytes, size_t data, bool la
 	return r;
 }
 
-static void entry_times(struct archive_entry *e, struct timespec ts[2])
-{
-	ts[0].tv_sec = archive_entry_atime(e);
-	ts[0].tv_nsec = archive_entry_atime_is_set(e) ? archive_entry_atime_nsec(e) : UTIME_OMIT;
-	ts[1].tv_sec = archive_entry_mtime(e);
-	ts[1].tv_nsec = archive_entry_mtime_is_set(e) ? archive_entry_mtime_nsec(e) : UTIME_OMIT;
-}
-
 /* The extractor gives up on fd: closed now if the thread never saw it, else once it
  * is gone (it may be writing to it: closing now could let it write to a file opened
  * meanwhile under the same number). */
@@ -266,7 +257,7 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 			if (so != UINT64_MAX) {
 				r->ext = p;
 				r->ext_end = so + n;
-				rs_pin(x->r, so, so + n);
+				rs_pin(x->r, so + n);
 				so += n;
 			} else {
 				memcpy(bq_data(r), p, n);
@@ -285,7 +276,7 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 	size_t vsize;
 	if (archive_entry_xattr_reset(e) > 0) {
 		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK)
-			xb += 8 + strlen(key) + 1 + vsize;
+			xb += bq_xattr_size(strlen(key), vsize);
 	}
 	struct bq_rec *r = rec(x, xb, 0, true);
 	if (r == NULL) {
@@ -294,14 +285,8 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 	}
 	uint8_t *xp = bq_xattrs(r);
 	if (xb > 0 && archive_entry_xattr_reset(e) > 0) {
-		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK) {
-			uint32_t k = (uint32_t)strlen(key), v = (uint32_t)vsize;
-			memcpy(xp, &k, 4);
-			memcpy(xp + 4, &v, 4);
-			memcpy(xp + 8, key, k + 1);
-			memcpy(xp + 8 + k + 1, val, v);
-			xp += 8 + k + 1 + v;
-		}
+		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK)
+			xp = bq_xattr_put(xp, key, strlen(key), val, vsize);
 	}
 	r->fd = fd;
 	r->flags = BQF_FD | BQF_LAST;
@@ -315,7 +300,7 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 		r->st.st_gid = gid;
 	}
 	struct timespec ts[2];
-	entry_times(e, ts);
+	ex_entry_times(e, ts);
 	r->st.st_atim = ts[0];
 	r->st.st_mtim = ts[1];
 	r->aux = x->umask_known ? created : RF_MODE_UNKNOWN;
