@@ -5,6 +5,9 @@
 #   sbx -t unix:/some/host/dir/shim.sock ping
 #   podman run -d sandbox-shim my-server --port 8080    (a workload: the image's CMD)
 #   sbx -t 'exec:podman exec -i CTR sandbox-shim --stdio' ping
+#   podman run -d -e SANDBOX_SHIM_LISTEN=tcp:0.0.0.0:7070 -e SANDBOX_SHIM_TOKEN_FILE=/run/secrets/shim-token \
+#       -v ./token:/run/secrets/shim-token:ro -p 127.0.0.1:7070:7070 sandbox-shim
+#   sbx -t tcp:127.0.0.1:7070 --token-file token ping   (README.md: "Reaching the image over TCP")
 #
 # The shim runs as PID 1 (`sandbox-shim --listen unix:/run/sandbox-shim/shim.sock
 # --listen-optional vsock:-1:1024 --`): it listens on the unix socket, and on vsock port

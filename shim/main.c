@@ -60,7 +60,13 @@ static void usage(FILE *f)
 		   "                           else $XDG_RUNTIME_DIR/sandbox-shim or /tmp/sandbox-shim-UID)\n"
 		   "\n"
 		   "  --log-level LEVEL        error, warn, info (default) or debug\n"
-		   "  --version, --help\n");
+		   "  --version, --help\n"
+		   "\n"
+		   "environment (for platforms that set a container's environment, not its command):\n"
+		   "  SANDBOX_SHIM_LISTEN      more listen addresses, as --listen, separated by commas\n"
+		   "                           or spaces (e.g. tcp:0.0.0.0:7070); ignored with --stdio\n"
+		   "  SANDBOX_SHIM_TOKEN_FILE  the --token-file when none is given (read only when\n"
+		   "                           there is a listener)\n");
 }
 
 enum {
@@ -142,25 +148,37 @@ static double parse_seconds(const char *arg, const char *what)
 	return v;
 }
 
-/* Read the token: the whole file, trailing whitespace removed. Start-up only. */
-static int read_token(const char *path, struct server_config *cfg)
+/* The environment's options: container platforms let you set a container's environment,
+ * not its entrypoint's flags. */
+#define ENV_LISTEN "SANDBOX_SHIM_LISTEN"
+#define ENV_TOKEN_FILE "SANDBOX_SHIM_TOKEN_FILE"
+
+/* SANDBOX_SHIM_LISTEN's copy, split in place: listens[] point into it (static, so that it
+ * is still reachable at any exit) */
+static char *env_listen_copy;
+
+/* Read the token: the whole file, trailing whitespace removed. origin is "" or the name of
+ * the variable that gave path, for the errors. Start-up only. */
+static int read_token(const char *path, const char *origin, struct server_config *cfg)
 {
+	const char *sep = origin[0] != '\0' ? ": " : "";
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		fprintf(stderr, "sandbox-shim: %s: %s\n", path, strerror(errno));
+		fprintf(stderr, "sandbox-shim: %s%s%s: %s\n", origin, sep, path, strerror(errno));
 		return -1;
 	}
 	char buf[4096];
 	ssize_t n = read(fd, buf, sizeof(buf));
 	close(fd);
 	if (n < 0) {
-		fprintf(stderr, "sandbox-shim: %s: %s\n", path, strerror(errno));
+		fprintf(stderr, "sandbox-shim: %s%s%s: %s\n", origin, sep, path, strerror(errno));
 		return -1;
 	}
 	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
 		n--;
 	if (n == 0 || n == (ssize_t)sizeof(buf)) {
-		fprintf(stderr, "sandbox-shim: %s: the token must be 1 to 4095 bytes\n", path);
+		explicit_bzero(buf, sizeof(buf));
+		fprintf(stderr, "sandbox-shim: %s%s%s: the token must be 1 to 4095 bytes\n", origin, sep, path);
 		return -1;
 	}
 	cfg->token = malloc((size_t)n + 1);
@@ -212,12 +230,46 @@ static bool listen_available(const char *spec)
 	return true;
 }
 
+/* SANDBOX_SHIM_LISTEN: its addresses after the command line's listens[0..n) (one already
+ * there is listened on once). Returns the new count. Start-up only. */
+static unsigned env_listens(const char **listens, bool *optional, bool *from_env, unsigned n)
+{
+	const char *v = getenv(ENV_LISTEN);
+	if (v == NULL)
+		return n;
+	env_listen_copy = strdup(v);
+	if (env_listen_copy == NULL) {
+		fprintf(stderr, "sandbox-shim: out of memory\n");
+		exit(1);
+	}
+	static const char seps[] = ", \t\r\n";
+	char *save = NULL;
+	for (char *a = strtok_r(env_listen_copy, seps, &save); a != NULL; a = strtok_r(NULL, seps, &save)) {
+		unsigned i = 0;
+		while (i < n && strcmp(listens[i], a) != 0)
+			i++;
+		if (i < n) {
+			log_info(ENV_LISTEN ": %s is given twice: listening on it once", a);
+			optional[i] = false;
+			continue;
+		}
+		if (n >= SHIM_MAX_LISTENERS)
+			die_usage(ENV_LISTEN ": too many listen addresses (at most %d, --listen's included)",
+				  SHIM_MAX_LISTENERS);
+		optional[n] = false;
+		from_env[n] = true;
+		listens[n++] = a;
+	}
+	return n;
+}
+
 int main(int argc, char **argv)
 {
 	static struct server s;
 	server_config_defaults(&s.cfg);
 	const char *listens[SHIM_MAX_LISTENERS];
 	bool listen_optional[SHIM_MAX_LISTENERS];
+	bool listen_from_env[SHIM_MAX_LISTENERS] = {false};
 	unsigned n_listens = 0;
 	bool use_stdio = false;
 	const char *token_file = NULL;
@@ -313,6 +365,12 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	/* a --stdio shim serves its one client: `podman exec -i CTR sandbox-shim --stdio` gets
+	 * the container's environment too, and must not listen where PID 1 already does */
+	if (!use_stdio)
+		n_listens = env_listens(listens, listen_optional, listen_from_env, n_listens);
+	else if (getenv(ENV_LISTEN) != NULL)
+		log_debug("--stdio: " ENV_LISTEN " is not used");
 	char **workload = NULL;
 	if (optind > 1 && strcmp(argv[optind - 1], "--") == 0) {
 		/* "--" with nothing after it is no workload, so an image's ENTRYPOINT can
@@ -326,8 +384,33 @@ int main(int argc, char **argv)
 	}
 	if (!use_stdio && n_listens == 0 && workload == NULL)
 		die_usage("nothing to serve: give --stdio or --listen ADDR (or a workload after '--')");
-	if (token_file != NULL && read_token(token_file, &s.cfg) < 0)
+	/* the environment's token file, where a listener may need it (--stdio never does) */
+	const char *token_origin = "";
+	const char *env_token_file = getenv(ENV_TOKEN_FILE);
+	if (env_token_file != NULL && env_token_file[0] != '\0' && n_listens > 0) {
+		if (token_file == NULL) {
+			token_file = env_token_file;
+			token_origin = ENV_TOKEN_FILE;
+			log_debug("token from %s (" ENV_TOKEN_FILE ")", token_file);
+		} else if (strcmp(token_file, env_token_file) != 0) {
+			log_info("token from --token-file %s; " ENV_TOKEN_FILE " (%s) is not used", token_file,
+				 env_token_file);
+		}
+	}
+	if (token_file != NULL && read_token(token_file, token_origin, &s.cfg) < 0)
 		return 1;
+	/* the tcp-needs-a-token rule, said in the environment's terms for its addresses */
+	for (unsigned i = 0; i < n_listens; i++) {
+		if (listen_from_env[i] && strncmp(listens[i], "tcp:", 4) == 0 && s.cfg.token == NULL &&
+		    !s.cfg.insecure_no_token) {
+			fprintf(stderr,
+				"sandbox-shim: " ENV_LISTEN
+				": cannot listen on %s: a tcp listener needs a token: set " ENV_TOKEN_FILE
+				" (or give --token-file; --insecure-no-token accepts anyone)\n",
+				listens[i]);
+			return 1;
+		}
+	}
 	struct shim_err serr;
 	if (fs_init(s.cfg.root, &serr) < 0) {
 		fprintf(stderr, "sandbox-shim: --root %s: %s: %s\n", s.cfg.root, serr.msg, strerror(serr.code));
@@ -362,8 +445,8 @@ int main(int argc, char **argv)
 			continue;
 		}
 		if (l == NULL) {
-			fprintf(stderr, "sandbox-shim: cannot listen on %s: %s: %s\n", listens[i], err.msg,
-				strerror(err.code));
+			fprintf(stderr, "sandbox-shim: %scannot listen on %s: %s: %s\n",
+				listen_from_env[i] ? ENV_LISTEN ": " : "", listens[i], err.msg, strerror(err.code));
 			server_free(&s);
 			return 1;
 		}
@@ -397,6 +480,8 @@ int main(int argc, char **argv)
 	/* every child is gone now: unmount what was mounted, and such */
 	init_shutdown_hooks();
 	server_free(&s);
+	free(env_listen_copy);
+	env_listen_copy = NULL;
 	log_info("exit");
 	return s.exit_code;
 }

@@ -3,6 +3,9 @@
 #
 #   bash tests/e2e/image.sh SBX_BIN        (as root; ctest runs it as e2e.image, label e2e)
 #
+# The Python checks load sdk/python/src; while the package still loads libsbx through ctypes,
+# SBX_LIBRARY names it (ctest sets it; else the libsbx.so next to SBX_BIN, as in a build tree).
+#
 # 1. podman, runc, debootstrap installed (tests/deps.sh --containers); podman's quirks on this
 #    machine kind go to a private containers.conf ($CONTAINERS_CONF, nothing system-wide):
 #    runtime runc (crun fails on this cgroup layout), cgroupfs, default ulimits no higher
@@ -20,7 +23,13 @@
 #    unmounted, exit 0 well within the grace period.
 # 5. a workload as the image's CMD: supervised, its exit status is the container's; vsock
 #    skipped without /dev/vsock, listened on with it.
-# 6. the add-shim image: the image's own init is PID 1, the shim a child subreaper beside it
+# 6. TCP told by the environment: SANDBOX_SHIM_LISTEN=tcp:0.0.0.0:7070 and SANDBOX_SHIM_TOKEN_FILE
+#    (a read-only bind-mounted token file), the port published on a kernel-chosen host port of
+#    127.0.0.1: a ping and a file round trip from the host through the Python package
+#    (sdk/python/src), a wrong token refused with EACCES, the unix socket wanting the token too,
+#    `podman exec -i CTR sandbox-shim --stdio` still working; without a token the container
+#    does not start and says why.
+# 7. the add-shim image: the image's own init is PID 1, the shim a child subreaper beside it
 #    (container/entrypoint-subreaper.sh): it answers, reaps its orphans, stops cleanly.
 #
 # Every container and image is named after this run and removed on exit; the base image and
@@ -58,6 +67,8 @@ IMG_BIN=localhost/sandbox-shim-e2e-bin:$RUN
 C1=sbx-e2e-$RUN-pid1
 C2=sbx-e2e-$RUN-workload
 C3=sbx-e2e-$RUN-subreaper
+C4=sbx-e2e-$RUN-tcp
+C5=sbx-e2e-$RUN-tcp-no-token
 W=$(mktemp -d /tmp/sbx-e2e.XXXXXX)
 LOCKS=/run/lock
 [ -d "$LOCKS" ] && [ -w "$LOCKS" ] || LOCKS=/tmp
@@ -115,7 +126,11 @@ cleanup()
 		echo "image.sh: kept: containers ${CTRS[*]:-}, images ${IMGS[*]:-}, $W"
 		return
 	fi
-	[ "${#CTRS[@]}" -eq 0 ] || podman rm -f -t 0 "${CTRS[@]}" >/dev/null 2>&1
+	# one at a time: podman 4.3's `rm -f A B` removes neither when B does not exist
+	local ctr
+	for ctr in "${CTRS[@]}"; do
+		podman rm -f -t 0 "$ctr" >/dev/null 2>&1
+	done
 	# the tags only: the layers stay in podman's build cache for the next run
 	local img
 	for img in "${IMGS[@]}"; do
@@ -541,6 +556,101 @@ if [ -e /dev/vsock ]; then
 	want_eq "$?" 0 "the shim with /dev/vsock"
 	want_in "$out" "listening on vsock:-1:4294967295" "vsock listener with /dev/vsock"
 fi
+
+# ---------------------------------------------------------------------------------------------
+step tcp "TCP from the environment, a published port, the Python package ($C4)"
+# a hex token (what `head -c 32 /dev/urandom | base64` would do, minus the punctuation)
+od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$W/token"
+chmod 0600 "$W/token"
+CTRS+=("$C4")
+if ! podman run -d --pull=never --name "$C4" -e SANDBOX_SHIM_LISTEN=tcp:0.0.0.0:7070 \
+	-e SANDBOX_SHIM_TOKEN_FILE=/run/secrets/shim-token -v "$W/token:/run/secrets/shim-token:ro" \
+	-p 127.0.0.1::7070 "$IMG" >/dev/null; then
+	fail "podman run $C4"
+else
+	# "127.0.0.1:PORT": the host port the kernel chose
+	hp=$(podman port "$C4" 7070/tcp | head -n 1)
+	PORT=${hp##*:}
+	T4=tcp:127.0.0.1:$PORT
+	echo "published: $hp"
+	[[ "$hp" == 127.0.0.1:* ]] && [ "$PORT" -gt 0 ] 2>/dev/null || fail "podman port $C4 7070/tcp: '$hp'"
+	if sbxt "$T4" --token-file "$W/token" ping --wait 30 >"$W/ping4" 2>&1; then
+		cat "$W/ping4"
+		logs=$(podman logs "$C4" 2>&1)
+		want_in "$logs" "listening on tcp:0.0.0.0:7070" "the tcp listener from SANDBOX_SHIM_LISTEN"
+		want_in "$logs" "listening on unix:/run/sandbox-shim/shim.sock" "the entrypoint's unix listener beside it"
+		want_in "$logs" "ready (pid 1, PID 1)" "ready line"
+		# through the Python package's public API, from the host; the wrong token after
+		if [ -z "${SBX_LIBRARY:-}" ]; then
+			for f in "$(dirname "$SBX")"/libsbx.so "$(dirname "$SBX")"/libsbx.so.*; do
+				[ -e "$f" ] && export SBX_LIBRARY=$f && break
+			done
+		fi
+		if out=$(env -u SBX_TOKEN -u SBX_TARGET PYTHONDONTWRITEBYTECODE=1 timeout -k 5 120 python3 - "$ROOT/sdk/python/src" "$T4" \
+			"$W/token" 2>&1 <<'EOF'
+import hashlib, os, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox_shim import SandboxError, Shim
+
+target, token = sys.argv[2], open(sys.argv[3]).read().strip()
+data = os.urandom(1 << 20) + bytes(range(256)) + b"\0\r\n"  # more than one frame, every byte value
+with Shim.connect(target, token=token) as shim:
+    shim.ping()
+    shim.files.write_file("/tmp/e2e-tcp.bin", data)
+    back = shim.files.read_file("/tmp/e2e-tcp.bin")
+    if back != data:
+        sys.exit(f"read_file returned {len(back)} other bytes than the {len(data)} written")
+print(f"python: ping, {len(data)} bytes written and read back byte-exact over {target}")
+print("sha256", hashlib.sha256(data).hexdigest())
+for wrong in (token + "x", token[:-1]):
+    try:
+        with Shim.connect(target, token=wrong) as shim:
+            shim.ping()
+    except SandboxError as e:
+        if e.errno_name != "EACCES" or "bad token" not in str(e):
+            sys.exit(f"a wrong token: want EACCES 'bad token', got {e!r}")
+        print("wrong token refused:", e)
+    else:
+        sys.exit("a wrong token was accepted")
+EOF
+		); then
+			printf '%s\n' "$out"
+			want_eq "$(podman exec "$C4" sha256sum /tmp/e2e-tcp.bin | cut -d' ' -f1)" \
+				"$(sed -n 's/^sha256 //p' <<<"$out")" "sha256 in the container of what Python wrote"
+		else
+			printf '%s\n' "$out" >&2
+			fail "the Python package over $T4 (SBX_LIBRARY=${SBX_LIBRARY:-})"
+		fi
+		# the sbx CLI without the token
+		sbxt "$T4" ping >/dev/null 2>"$W/err"
+		want_eq "$?" 3 "sbx ping over tcp without the token (3: connect refused)"
+		want_in "$(cat "$W/err")" "EACCES: token required" "sbx ping over tcp without the token"
+		# the token file guards the unix socket too; a --stdio shim ignores both variables (podman
+		# exec gives it the container's environment, and PID 1 holds the port)
+		out=$(podman exec "$C4" sbx -t unix:/run/sandbox-shim/shim.sock ping 2>&1)
+		want_in "$out" "EACCES" "the unix socket without the token"
+		want_in "$(podman exec "$C4" sbx -t unix:/run/sandbox-shim/shim.sock \
+			--token-file /run/secrets/shim-token ping 2>&1)" "pid 1 pid1=yes" "the unix socket with the token"
+		want_in "$(podman exec "$C4" sh -c 'echo "$SANDBOX_SHIM_LISTEN"')" "tcp:0.0.0.0:7070" \
+			"podman exec sees the container's environment"
+		js=$(sbxt "exec:podman exec -i $C4 sandbox-shim --stdio" --json ping 2>"$W/err") ||
+			{ cat "$W/err" >&2; fail "podman exec -i $C4 sandbox-shim --stdio"; }
+		want_eq "$(json_field "$js" pid1)" false "pid1 of the --stdio shim beside the tcp one"
+		stop_quickly "$C4"
+		want_eq "$(podman inspect "$C4" --format '{{.State.ExitCode}}')" 0 "exit code of $C4"
+	else
+		cat "$W/ping4" >&2
+		podman logs "$C4" 2>&1 | tail -n 20 >&2
+		fail "no answer on $T4 (published from $C4's 7070)"
+	fi
+fi
+# tcp from the environment without a token: the container does not start, and says why
+CTRS+=("$C5")
+out=$(timeout -k 5 60 podman run --pull=never --name "$C5" --network=none \
+	-e SANDBOX_SHIM_LISTEN=tcp:0.0.0.0:7070 "$IMG" 2>&1)
+want_eq "$?" 1 "exit status of the image with SANDBOX_SHIM_LISTEN=tcp:... and no token"
+want_in "$out" "SANDBOX_SHIM_LISTEN: cannot listen on tcp:0.0.0.0:7070: a tcp listener needs a token: set SANDBOX_SHIM_TOKEN_FILE" \
+	"why the image with tcp and no token did not start"
 
 # ---------------------------------------------------------------------------------------------
 step subreaper "the shim beside the image's own init ($C3, container/Dockerfile.add-shim)"

@@ -412,6 +412,9 @@ int it_main(int argc, char **argv, const struct it_case *cases, size_t ncases)
 	/* the tests choose their tokens; never one from the environment */
 	unsetenv("SBX_TOKEN");
 	unsetenv("SBX_TARGET");
+	/* nor the daemon's listeners and token file (tests set them per daemon) */
+	unsetenv("SANDBOX_SHIM_LISTEN");
+	unsetenv("SANDBOX_SHIM_TOKEN_FILE");
 	atexit(cleanup);
 	if (argc > 2) {
 		fprintf(stderr, "usage: %s [CASE]\n", argv[0]);

@@ -1,4 +1,5 @@
-/* it_transports.c: every way to reach the daemon (exec/stdio, unix, tcp, vsock) and each listener's guards. */
+/* it_transports.c: every way to reach the daemon (exec/stdio, unix, tcp, vsock), each listener's guards, and
+ * the listeners and token file given by the environment (SANDBOX_SHIM_LISTEN, SANDBOX_SHIM_TOKEN_FILE). */
 #include "harness.h"
 
 #include <dirent.h>
@@ -371,6 +372,233 @@ static int case_vsock(void)
 	it_fail(__FILE__, __LINE__, "no free vsock port in 5 attempts");
 }
 
+/* ---- the environment's options (SANDBOX_SHIM_LISTEN, SANDBOX_SHIM_TOKEN_FILE) ---- */
+
+/* The daemon run as `env VARS... SHIM_BIN ARGS...` (env execs it: the PID is the daemon's);
+ * both lists NULL-terminated. Waits for "ready" when ready is set. */
+static struct it_daemon *env_daemon(const char *name, bool ready, const char *const vars[], const char *const args[])
+{
+	const char *argv[48];
+	int n = 0;
+	argv[n++] = "env";
+	for (int i = 0; vars[i] != NULL; i++) {
+		CHECK(n < 40);
+		argv[n++] = vars[i];
+	}
+	argv[n++] = SHIM_BIN;
+	for (int i = 0; args[i] != NULL; i++) {
+		CHECK(n < 46);
+		argv[n++] = args[i];
+	}
+	argv[n] = NULL;
+	return ready ? it_daemon_start_argv(name, argv) : it_daemon_spawn_argv(name, argv);
+}
+
+#define VARS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define NO_ARGS ((const char *const[]){NULL})
+
+/* Like expect_start_failure() with another exit status. */
+static void expect_exit(struct it_daemon *d, int status, const char *why)
+{
+	CHECKF(it_daemon_wait_exit(d, 10000), "%s did not exit", d->name);
+	CHECKF(WIFEXITED(d->status) && WEXITSTATUS(d->status) == status, "%s: status 0x%x, want exit %d", d->name,
+	       d->status, status);
+	char *log = it_daemon_log(d);
+	CHECK_CONTAINS(log, why);
+	free(log);
+}
+
+static bool log_has(const struct it_daemon *d, const char *what)
+{
+	char *log = it_daemon_log(d);
+	bool found = log != NULL && strstr(log, what) != NULL;
+	free(log);
+	return found;
+}
+
+/* The variable's addresses (commas and whitespace between them) are served beside the
+ * command line's --listen, with the token. */
+static int case_env_listen(void)
+{
+	const char *a = it_path("a"), *b = it_path("b");
+	it_write_file(it_path("token"), "env-token\n");
+	char listen[600];
+	snprintf(listen, sizeof(listen), "SANDBOX_SHIM_LISTEN= tcp:127.0.0.1:0,%s\t,\n", it_unix_target(a));
+	struct it_daemon *d = env_daemon("shim", true, VARS(listen),
+					 ARGS("--listen", it_unix_target(b), "--token-file", it_path("token")));
+	const char *tcp = it_tcp_target(it_daemon_tcp_port(d));
+	char logged[300];
+	snprintf(logged, sizeof(logged), "listening on %s\n", it_unix_target(a));
+	it_daemon_wait_log(d, logged, 1000);
+	snprintf(logged, sizeof(logged), "listening on %s\n", it_unix_target(b));
+	it_daemon_wait_log(d, logged, 1000);
+
+	struct sbx_client *t = it_connect(tcp, "env-token");
+	exercise(t, (unsigned)d->pid);
+	struct sbx_client *ua = it_connect(it_unix_target(a), "env-token");
+	struct sbx_client *ub = it_connect(it_unix_target(b), "env-token");
+	struct sbx_error err;
+	CHECK_SBX(sbx_ping(ua, NULL, NULL, &err), &err);
+	CHECK_SBX(sbx_ping(ub, NULL, NULL, &err), &err);
+	struct sbx_info in;
+	CHECK_SBX(sbx_info(t, NULL, &in, &err), &err);
+	CHECK_EQ(in.connections, 3);
+	sbx_client_close(ua);
+	sbx_client_close(ub);
+	sbx_client_close(t);
+
+	CHECK(try_connect(tcp, "env-tokex", &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EACCES);
+	CHECK_CONTAINS(err.message, "bad token");
+	CHECK(try_connect(it_unix_target(a), NULL, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EACCES);
+	CHECK_EQ(it_daemon_stop(d), 0);
+	CHECK_EQ(it_count_entries(it_dir()), 2); /* the token and the log: both sockets removed */
+
+	/* an address given on the command line and in the variable is listened on once */
+	snprintf(listen, sizeof(listen), "SANDBOX_SHIM_LISTEN=%s", it_unix_target(a));
+	d = env_daemon("twice", true, VARS(listen), ARGS("--listen", it_unix_target(a)));
+	it_daemon_wait_log(d, "is given twice: listening on it once", 1000);
+	ping_once(it_unix_target(a), NULL);
+	/* nothing but separators: no address (the command line's are served) */
+	d = env_daemon("blank", true, VARS("SANDBOX_SHIM_LISTEN= ,\t, "), ARGS("--listen", it_unix_target(b)));
+	ping_once(it_unix_target(b), NULL);
+	return 0;
+}
+
+/* tcp from the variable without a token: the start fails and says which variable to set. */
+static int case_env_needs_token(void)
+{
+	static const char want[] = "SANDBOX_SHIM_LISTEN: cannot listen on tcp:127.0.0.1:0: a tcp listener needs "
+				   "a token: set SANDBOX_SHIM_TOKEN_FILE";
+	struct it_daemon *d = env_daemon("refused", false, VARS("SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:0"), NO_ARGS);
+	expect_start_failure(d, want);
+	/* beside a command-line unix listener, and with an empty token file variable */
+	d = env_daemon("refused2", false, VARS("SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:0", "SANDBOX_SHIM_TOKEN_FILE="),
+		       ARGS("--listen", it_unix_target(it_path("s"))));
+	expect_start_failure(d, want);
+	CHECK_EQ(it_count_entries(it_dir()), 2); /* the two logs: no socket left behind */
+
+	/* --insecure-no-token still allows it */
+	d = env_daemon("insecure", true, VARS("SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:0"), ARGS("--insecure-no-token"));
+	ping_once(it_tcp_target(it_daemon_tcp_port(d)), NULL);
+	return 0;
+}
+
+/* A bad address in the variable fails the start, naming the variable. */
+static int case_env_bad_addr(void)
+{
+	static const struct {
+		const char *var, *why;
+	} bad[] = {
+		{"SANDBOX_SHIM_LISTEN=tcp:127.0.0.1", "SANDBOX_SHIM_LISTEN: cannot listen on tcp:127.0.0.1: "},
+		{"SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:99999",
+		 "SANDBOX_SHIM_LISTEN: cannot listen on tcp:127.0.0.1:99999: "},
+		{"SANDBOX_SHIM_LISTEN=bogus:1",
+		 "SANDBOX_SHIM_LISTEN: cannot listen on bogus:1: unknown listen address"},
+		{"SANDBOX_SHIM_LISTEN=tcp:[::1:0", "SANDBOX_SHIM_LISTEN: cannot listen on tcp:[::1:0: "},
+		{"SANDBOX_SHIM_LISTEN=unix:", "SANDBOX_SHIM_LISTEN: cannot listen on unix:: "},
+	};
+	const char *sock = it_path("s");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "bad%zu", i);
+		/* after a good command-line listener, which is removed again */
+		struct it_daemon *d = env_daemon(name, false, VARS(bad[i].var),
+						 ARGS("--listen", it_unix_target(sock), "--insecure-no-token"));
+		expect_start_failure(d, bad[i].why);
+		struct stat st;
+		CHECKF(lstat(sock, &st) < 0 && errno == ENOENT, "%s left %s behind", name, sock);
+	}
+	/* more than 16 addresses in all */
+	char many[1200] = "SANDBOX_SHIM_LISTEN=";
+	for (int i = 0; i < 16; i++) {
+		char one[64];
+		snprintf(one, sizeof(one), "%sunix:%s/u%d", i ? "," : "", it_dir(), i);
+		strcat(many, one);
+	}
+	struct it_daemon *d = env_daemon("many", false, VARS(many), ARGS("--listen", it_unix_target(sock)));
+	expect_exit(d, 2, "SANDBOX_SHIM_LISTEN: too many listen addresses (at most 16");
+	/* no address at all and nothing else to serve */
+	d = env_daemon("blank", false, VARS("SANDBOX_SHIM_LISTEN=, "), NO_ARGS);
+	expect_exit(d, 2, "nothing to serve");
+	return 0;
+}
+
+/* SANDBOX_SHIM_TOKEN_FILE is the token file when the command line gives none. */
+static int case_env_token_file(void)
+{
+	it_write_file(it_path("env-token"), "from-the-environment\n");
+	it_write_file(it_path("cli-token"), "from-the-command-line\n");
+	char var[300];
+	snprintf(var, sizeof(var), "SANDBOX_SHIM_TOKEN_FILE=%s", it_path("env-token"));
+	struct it_daemon *d = env_daemon("env", true, VARS(var), ARGS("--listen", "tcp:127.0.0.1:0"));
+	const char *tcp = it_tcp_target(it_daemon_tcp_port(d));
+	struct sbx_client *c = it_connect(tcp, "from-the-environment");
+	exercise(c, (unsigned)d->pid);
+	sbx_client_close(c);
+	struct sbx_error err;
+	CHECK(try_connect(tcp, "from-the-environmenT", &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EACCES);
+	CHECK_CONTAINS(err.message, "bad token");
+	CHECK(try_connect(tcp, NULL, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EACCES);
+	CHECK_CONTAINS(err.message, "token required");
+	CHECK(!log_has(d, "from-the-environment")); /* the path is logged at most, never the token */
+
+	/* with both, --token-file wins, and the log says so */
+	d = env_daemon("both", true, VARS(var),
+		       ARGS("--listen", "tcp:127.0.0.1:0", "--token-file", it_path("cli-token")));
+	tcp = it_tcp_target(it_daemon_tcp_port(d));
+	ping_once(tcp, "from-the-command-line");
+	CHECK(try_connect(tcp, "from-the-environment", &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EACCES);
+	CHECK_CONTAINS(err.message, "bad token");
+	char logged[600];
+	snprintf(logged, sizeof(logged), "token from --token-file %s; SANDBOX_SHIM_TOKEN_FILE (%s) is not used",
+		 it_path("cli-token"), it_path("env-token"));
+	it_daemon_wait_log(d, logged, 1000);
+	/* the same file in both: nothing to say */
+	d = env_daemon("same", true, VARS(var),
+		       ARGS("--listen", "tcp:127.0.0.1:0", "--token-file", it_path("env-token")));
+	ping_once(it_tcp_target(it_daemon_tcp_port(d)), "from-the-environment");
+	CHECK(!log_has(d, "is not used"));
+
+	/* the variable's token file with the variable's address: the image's case */
+	d = env_daemon("both_env", true, VARS(var, "SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:0"), NO_ARGS);
+	ping_once(it_tcp_target(it_daemon_tcp_port(d)), "from-the-environment");
+
+	/* a file that cannot be read: the error names the variable */
+	snprintf(var, sizeof(var), "SANDBOX_SHIM_TOKEN_FILE=%s", it_path("missing"));
+	d = env_daemon("missing", false, VARS(var), ARGS("--listen", "tcp:127.0.0.1:0"));
+	snprintf(logged, sizeof(logged), "SANDBOX_SHIM_TOKEN_FILE: %s: No such file or directory", it_path("missing"));
+	expect_start_failure(d, logged);
+	return 0;
+}
+
+/* A --stdio shim ignores the variables: `podman exec -i CTR sandbox-shim --stdio` sees the
+ * container's environment, and PID 1 already listens there. */
+static int case_env_stdio(void)
+{
+	it_write_file(it_path("token"), "t0ken\n");
+	char var[300];
+	snprintf(var, sizeof(var), "SANDBOX_SHIM_TOKEN_FILE=%s", it_path("token"));
+	struct it_daemon *d = env_daemon("pid1", true, VARS(var, "SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:0"), NO_ARGS);
+	unsigned port = it_daemon_tcp_port(d);
+	char target[800];
+	snprintf(
+		target, sizeof(target),
+		"exec:env SANDBOX_SHIM_LISTEN=tcp:127.0.0.1:%u SANDBOX_SHIM_TOKEN_FILE='%s' '%s' --stdio --log-level warn",
+		port, it_path("missing"), SHIM_BIN);
+	struct sbx_client *c = it_connect(target, NULL);
+	exercise(c, 0);
+	CHECK(sbx_client_server(c)->pid != (unsigned)d->pid);
+	sbx_client_close(c);
+	ping_once(it_tcp_target(port), "t0ken");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -385,6 +613,11 @@ int main(int argc, char **argv)
 		{"allow_uid", case_allow_uid},
 		{"multi_listen", case_multi_listen},
 		{"vsock", case_vsock},
+		{"env_listen", case_env_listen},
+		{"env_needs_token", case_env_needs_token},
+		{"env_bad_addr", case_env_bad_addr},
+		{"env_token_file", case_env_token_file},
+		{"env_stdio", case_env_stdio},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
