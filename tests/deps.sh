@@ -23,6 +23,7 @@ PACKAGES=(
 	libev-dev
 	libprotobuf-c-dev
 	protobuf-c-compiler
+	protobuf-compiler # protoc: the Python codec's tests cross-check its bytes with it
 	libcap-dev
 	libseccomp-dev
 	libarchive-dev
@@ -53,7 +54,7 @@ PACKAGES=(
 	# ---- mounts (issue 6): S3 bucket mounts and their tests ----
 	rclone # the FUSE client the shim starts for each mount
 	fuse3  # fusermount3, /dev/fuse helpers
-	nodejs # s3rver, the local S3 server of the mount tests (tests/lib/s3rver.sh)
+	nodejs # s3rver (tests/lib/s3rver.sh) for the mount tests, and the Pyodide test (tests/pyodide)
 	npm
 	# ---- end mounts ----
 )

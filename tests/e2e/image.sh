@@ -3,8 +3,7 @@
 #
 #   bash tests/e2e/image.sh SBX_BIN        (as root; ctest runs it as e2e.image, label e2e)
 #
-# The Python checks load sdk/python/src; while the package still loads libsbx through ctypes,
-# SBX_LIBRARY names it (ctest sets it; else the libsbx.so next to SBX_BIN, as in a build tree).
+# The Python checks load the pure-Python package from sdk/python/src.
 #
 # 1. podman, runc, debootstrap installed (tests/deps.sh --containers); podman's quirks on this
 #    machine kind go to a private containers.conf ($CONTAINERS_CONF, nothing system-wide):
@@ -581,11 +580,6 @@ else
 		want_in "$logs" "listening on unix:/run/sandbox-shim/shim.sock" "the entrypoint's unix listener beside it"
 		want_in "$logs" "ready (pid 1, PID 1)" "ready line"
 		# through the Python package's public API, from the host; the wrong token after
-		if [ -z "${SBX_LIBRARY:-}" ]; then
-			for f in "$(dirname "$SBX")"/libsbx.so "$(dirname "$SBX")"/libsbx.so.*; do
-				[ -e "$f" ] && export SBX_LIBRARY=$f && break
-			done
-		fi
 		if out=$(env -u SBX_TOKEN -u SBX_TARGET PYTHONDONTWRITEBYTECODE=1 timeout -k 5 120 python3 - "$ROOT/sdk/python/src" "$T4" \
 			"$W/token" 2>&1 <<'EOF'
 import hashlib, os, sys
@@ -619,7 +613,7 @@ EOF
 				"$(sed -n 's/^sha256 //p' <<<"$out")" "sha256 in the container of what Python wrote"
 		else
 			printf '%s\n' "$out" >&2
-			fail "the Python package over $T4 (SBX_LIBRARY=${SBX_LIBRARY:-})"
+			fail "the Python package over $T4"
 		fi
 		# the sbx CLI without the token
 		sbxt "$T4" ping >/dev/null 2>"$W/err"

@@ -1,8 +1,8 @@
 """shimtest: starts a sandbox-shim for a test module and connects to it.
 
-Environment: SHIM_BIN (the daemon; default: sandbox-shim on PATH) and SBX_LIBRARY
-(libsbx from the build tree), both set by ctest. Every daemon listens on a unix
-socket in its own mktemp directory and is stopped by its PID."""
+Environment: SHIM_BIN (the daemon; default: sandbox-shim on PATH), set by ctest.
+Every daemon listens on a unix socket in its own mktemp directory and is stopped by
+its PID."""
 
 from __future__ import annotations
 

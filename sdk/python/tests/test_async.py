@@ -163,13 +163,98 @@ class Async(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(r.stdout, "echo:async")
             self.assertIn(t.tunnel_id, [x.id for x in await self.shim.tunnels()])
             await self.shim.close_tunnel(t.tunnel_id)
-            self.assertFalse(t.wait(5))
-            t.close()
+            self.assertFalse(await t.wait(5))
+            await t.close()
         finally:
             srv.close()
         self.assertEqual(await self.shim.mounts.list(), [])
         with self.assertRaises(ValueError):
             await self.shim.mounts.mount("b", self.p("m"), endpoint="nope", access_key_id="k", secret_access_key="s")
+
+    async def test_native_no_threads(self) -> None:
+        # no thread pool, no thread per stream: a burst of calls and streams on a fresh
+        # connection starts no thread at all
+        import threading
+
+        before = threading.active_count()
+        shim = await AsyncShim.connect(self.daemon.target)
+        try:
+            await shim.files.write_file(self.p("n"), os.urandom(3 << 20))
+            results = await asyncio.gather(
+                *(shim.commands.run(["sh", "-c", f"echo {i}"]) for i in range(40)),
+                *(shim.files.read_file(self.p("n")) for _ in range(8)),
+                *(shim.ping() for _ in range(40)),
+            )
+            self.assertEqual([r.stdout for r in results[:40]], [f"{i}\n" for i in range(40)])
+            self.assertEqual(len({bytes(r) for r in results[40:48]}), 1)
+            self.assertEqual(threading.active_count(), before)
+        finally:
+            await shim.close()
+
+    async def test_ping_while_long_calls_are_in_flight(self) -> None:
+        # 32 long calls in flight do not delay a ping (the thread-pool design made it wait 2.5 s)
+        long = [asyncio.ensure_future(self.shim.commands.run(["sleep", "3"])) for _ in range(32)]
+        try:
+            self.assertTrue(await self._until(lambda: self._streams() >= 32))
+            t0 = time.monotonic()
+            await self.shim.ping()
+            self.assertLess(time.monotonic() - t0, 0.5)
+            self.assertTrue(all(not t.done() for t in long))
+        finally:
+            for t in long:
+                t.cancel()
+            await asyncio.gather(*long, return_exceptions=True)
+
+    def _streams(self) -> int:
+        return len(self.shim._e.calls)
+
+    async def _until(self, cond, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            await asyncio.sleep(0.01)
+        return bool(cond())
+
+    async def test_max_output(self) -> None:
+        from sandbox_shim import SandboxOutputLimitError
+
+        with self.assertRaises(SandboxOutputLimitError) as cm:
+            await self.shim.commands.run("head -c 5000 /dev/zero", max_output=100)
+        self.assertEqual(len(cm.exception.result.stdout_bytes), 100)  # type: ignore[attr-defined]
+        r = await self.shim.commands.run("head -c 5000 /dev/zero", max_output=100, truncate=True)
+        self.assertTrue(r.stdout_truncated)
+        r = await self.shim.commands.run("head -c 20000000 /dev/zero")
+        self.assertEqual(len(r.stdout_bytes), 20000000)
+
+    def test_signatures_are_typed_twins(self) -> None:
+        # every coroutine of the async API spells out its parameters (no **kw) and has the
+        # same parameters as its sync twin
+        import inspect
+
+        import sandbox_shim as S
+        from sandbox_shim import aio
+
+        pairs = [(aio.AsyncFiles, S.Files), (aio.AsyncCommands, S.Commands), (aio.AsyncBackups, S.Backups),
+                 (aio.AsyncMounts, S.Mounts), (aio.AsyncProcess, S.Process), (aio.AsyncShim, S.Shim)]
+        checked = 0
+        for acls, scls in pairs:
+            for name, fn in vars(acls).items():
+                if name.startswith("_") or not callable(fn):
+                    continue
+                sig = inspect.signature(fn)
+                kinds = [p.kind for p in sig.parameters.values()]
+                self.assertNotIn(inspect.Parameter.VAR_KEYWORD, kinds, f"{acls.__name__}.{name}")
+                twin = getattr(scls, name, None)
+                if twin is None or isinstance(twin, property) or name in ("connect", "close"):
+                    continue
+                if isinstance(inspect.getattr_static(scls, name), classmethod):
+                    continue
+                self.assertEqual(list(sig.parameters), list(inspect.signature(twin).parameters),
+                                 f"{acls.__name__}.{name}")
+                self.assertTrue(fn.__doc__, f"{acls.__name__}.{name} has no docstring")
+                checked += 1
+        self.assertGreater(checked, 50)
 
     async def test_gather_many(self) -> None:
         async def one(i: int) -> bool:

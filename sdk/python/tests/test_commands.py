@@ -15,6 +15,7 @@ from sandbox_shim import (
     SandboxError,
     SandboxEvalError,
     SandboxFileNotFoundError,
+    SandboxOutputLimitError,
     signal_number,
 )
 
@@ -78,11 +79,32 @@ class Run(ShimCase):
         child = int(slurp(pidfile))
         self.assertTrue(wait_until(lambda: not pid_alive(child)), "the background sleep survived")
 
-    def test_output_limit(self) -> None:
-        r = self.shim.commands.run(["head", "-c", "100000", "/dev/zero"], output_limit=1000)
+    def test_output_is_never_cut_silently(self) -> None:
+        # no cap unless asked: 40 MiB of stdout (more than the old 16 MiB default) arrives whole
+        r = self.shim.commands.run("head -c 41943040 /dev/zero; echo tail >&2")
+        self.assertEqual(len(r.stdout_bytes), 40 << 20)
+        self.assertEqual(r.stdout_bytes.count(0), 40 << 20)
+        self.assertEqual(r.stderr, "tail\n")
+        self.assertFalse(r.stdout_truncated)
+
+    def test_max_output(self) -> None:
+        # over the limit: an error carrying the first max_output bytes
+        with self.assertRaises(SandboxOutputLimitError) as cm:
+            self.shim.commands.run(["head", "-c", "100000", "/dev/zero"], max_output=1000)
+        e = cm.exception
+        self.assertEqual(e.errno_name, "EFBIG")
+        self.assertIn("max_output=1000", str(e))
+        self.assertEqual(len(e.result.stdout_bytes), 1000)
+        self.assertTrue(e.result.stdout_truncated)
+        self.assertFalse(e.result.stderr_truncated)
+        # truncate=True: the cut is a flag on the result instead
+        r = self.shim.commands.run(["head", "-c", "100000", "/dev/zero"], max_output=1000, truncate=True)
         self.assertEqual(len(r.stdout_bytes), 1000)
         self.assertTrue(r.stdout_truncated)
         self.assertEqual(r.exit_code, 0)
+        # exactly the limit is not over it
+        r = self.shim.commands.run(["head", "-c", "1000", "/dev/zero"], max_output=1000)
+        self.assertEqual((len(r.stdout_bytes), r.stdout_truncated), (1000, False))
 
     def test_not_found(self) -> None:
         with self.assertRaises(SandboxFileNotFoundError) as cm:
@@ -110,7 +132,11 @@ class Run(ShimCase):
         with self.assertRaises(TypeError):
             c.run("true", stdin=3.5)  # type: ignore[arg-type]
         with self.assertRaises(ValueError):
-            c.run("true", output_limit=0)
+            c.run("true", max_output=0)
+        with self.assertRaises(TypeError):
+            c.run("true", max_output="1k")  # type: ignore[arg-type]
+        with self.assertRaises(TypeError):
+            c.run("true", truncate=1)  # type: ignore[arg-type]
         with self.assertRaises(ValueError):
             c.run("true", cwd="relative")
         with self.assertRaises(ValueError):

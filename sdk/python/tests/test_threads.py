@@ -8,7 +8,7 @@ import threading
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
-from shimtest import ShimCase
+from shimtest import ShimCase, wait_until
 
 from sandbox_shim import SandboxFileNotFoundError
 
@@ -118,6 +118,35 @@ class Threads(ShimCase):
             self.assertTrue(wait_until(lambda: not pid_alive(pid)), pid)
         # the daemon is fine and serves others
         self.assertEqual(self.shim.eval("print(1)"), "1\n")
+
+    def test_namespaces_keep_the_connection(self) -> None:
+        import gc
+
+        import sandbox_shim
+
+        # the Shim itself is gone at once; its namespace keeps the connection open
+        st = sandbox_shim.Shim.connect(self.daemon.target).files.stat(self.d)
+        self.assertTrue(st.is_dir)
+        n0 = self.shim.info().connections
+        files = sandbox_shim.Shim.connect(self.daemon.target).files
+        gc.collect()
+        self.assertTrue(files.exists(self.d))
+        self.assertTrue(wait_until(lambda: self.shim.info().connections == n0 + 1), self.shim.info())
+        # a process handle does too
+        proc = sandbox_shim.Shim.connect(self.daemon.target).commands.start(["sh", "-c", "read x; echo got $x"],
+                                                                            stdin=True)
+        gc.collect()
+        proc.write_stdin("it\n")
+        self.assertEqual(proc.wait().stdout, "got it\n")
+        # and once nothing refers to a connection any more it is closed
+        del files, proc
+        gc.collect()
+        self.assertTrue(wait_until(lambda: self.shim.info().connections == n0), self.shim.info())
+        before = threading.active_count()
+        for _ in range(5):
+            sandbox_shim.Shim.connect(self.daemon.target).ping()
+        gc.collect()
+        self.assertTrue(wait_until(lambda: threading.active_count() <= before), threading.enumerate())
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """sandbox_shim: drive a sandbox-shim from Python.
 
-A zero-dependency package over libsbx (the C host SDK) through ctypes: one protocol
-implementation. The library is found through ``$SBX_LIBRARY`` or where
-``cmake --install`` put it.
+A pure-Python, zero-dependency client of shim protocol v1 (CPython 3.9+ and Pyodide):
+a sans-IO protocol core (:mod:`sandbox_shim._protocol`) under a thread-safe sync
+:class:`Shim` and a native asyncio :class:`AsyncShim`, over unix, tcp, vsock,
+Firecracker hybrid vsock, ``exec:`` or any byte stream you bring (see
+:mod:`sandbox_shim.transports`).
 
 ::
 
     from sandbox_shim import Shim
 
-    with Shim.connect("unix:/run/sandbox-shim.sock") as shim:   # or $SBX_TARGET
+    with Shim.connect("unix:/run/sandbox-shim/shim.sock") as shim:   # or $SBX_TARGET
         shim.files.write_file("/workspace/notes.txt", "hello")
         result = shim.commands.run(["cat", "/workspace/notes.txt"])
         print(result.stdout, result.exit_code)
@@ -19,18 +21,12 @@ See :class:`Shim` (files, commands, backups, mounts, tunnels), :class:`AsyncShim
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-from ._lib import LibraryNotFoundError, library_path
-from .aio import AsyncProcess, AsyncShim
-from .backups import Backups
-from .client import Shim
-from .commands import Commands, Process, signal_number
 from . import errors
 from .errors import *  # noqa: F401,F403 (the names are listed in errors.__all__)
-from .files import Files
-from .mounts import MountRecord, Mounts
-from .tunnels import TunnelEvent, TunnelHandle, TunnelInfo
+from .errors import errno_name
+from ._ops import signal_number
 from .types import (
     CommandResult,
     DirectoryBackupRecord,
@@ -40,25 +36,17 @@ from .types import (
     RestoreResult,
     SandboxFileEntry,
     SandboxFileStat,
+    ServerInfo,
     ShimInfo,
     WatchEvent,
 )
-
-
-def errno_name(code: int) -> "str | None":
-    """"ENOENT" for 2 (libsbx's fixed table of Linux values); None if unknown."""
-    from ._lib import lib
-
-    n = lib.sbx_errno_name(code)
-    return n.decode() if n else None
-
-
-def libsbx_version() -> str:
-    """The version of the libsbx loaded ("0.1.0")."""
-    from ._lib import lib
-
-    return lib.sbx_version().decode()
-
+from .client import Shim
+from .files import Files, Stream
+from .commands import Commands, Process
+from .backups import Backups
+from .mounts import MountRecord, Mounts
+from .tunnels import TunnelEvent, TunnelHandle, TunnelInfo
+from .aio import AsyncProcess, AsyncShim
 
 __all__ = [
     "__version__",
@@ -66,6 +54,7 @@ __all__ = [
     "AsyncShim",
     "AsyncProcess",
     "Files",
+    "Stream",
     "Commands",
     "Process",
     "Backups",
@@ -79,15 +68,13 @@ __all__ = [
     "ProcessInfo",
     "SandboxFileStat",
     "SandboxFileEntry",
+    "ServerInfo",
     "WatchEvent",
     "DiskUsage",
     "DirectoryBackupRecord",
     "RestoreResult",
     "ShimInfo",
-    "LibraryNotFoundError",
-    "library_path",
-    "libsbx_version",
     "errno_name",
     "signal_number",
 ]
-__all__ += errors.__all__
+__all__ += [n for n in errors.__all__ if n not in __all__]

@@ -2,23 +2,61 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
-from . import _lib
-from ._core import Core, cstr, raise_error, text, timeout_ms
-from ._lib import lib
+from . import _ops, _pb
+from ._core import check_abort, seconds, text_arg
+from ._protocol import Protocol
+from ._sync import Engine
 from .backups import Backups
 from .commands import Commands, run_eval
 from .files import Files
 from .mounts import Mounts
-from .types import ShimInfo
+from .transports import open_transport
+from .types import ServerInfo, ShimInfo
 
 if TYPE_CHECKING:
     from .tunnels import TunnelEvent, TunnelHandle, TunnelInfo
 
 __all__ = ["Shim"]
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def client_name_of(client_name: Optional[str]) -> str:
+    if client_name is not None:
+        return text_arg(client_name, "client_name")
+    from . import __version__
+
+    return f"sandbox_shim-python/{__version__}"
+
+
+def target_of(target: Optional[str]) -> str:
+    if target is None:
+        target = os.environ.get("SBX_TARGET")
+        if not target:
+            raise ValueError("no target given and SBX_TARGET is not set (e.g. unix:/run/sandbox-shim/shim.sock)")
+    t = text_arg(target, "target")
+    if not t:
+        raise ValueError("target is empty")
+    return t
+
+
+def token_of(token: Optional[Union[str, bytes]]) -> Optional[bytes]:
+    if token is None:
+        token = os.environ.get("SBX_TOKEN") or None
+        if token is None:
+            return None
+    if isinstance(token, str):
+        token = token.encode()
+    if not isinstance(token, bytes):
+        raise TypeError(f"token must be str or bytes, not {type(token).__name__}")
+    return token
+
+
+def is_transport(obj: Any) -> bool:
+    return all(callable(getattr(obj, m, None)) for m in ("read", "write", "close"))
 
 
 class Shim:
@@ -27,71 +65,90 @@ class Shim:
 
     ::
 
-        with Shim.connect("unix:/run/sandbox-shim.sock") as shim:
+        with Shim.connect("unix:/run/sandbox-shim/shim.sock") as shim:
             shim.files.write_file("/workspace/notes.txt", "hello")
             print(shim.commands.run("cat /workspace/notes.txt").stdout)
 
     Namespaces: ``files`` (Files), ``commands`` (Commands), ``backups`` (Backups),
     ``mounts`` (Mounts); tunnels: ``tunnel()`` (sandbox -> host) and ``forward()``
-    (host -> sandbox)."""
+    (host -> sandbox). The namespaces keep the connection alive: it closes when
+    close() is called (or a ``with`` block ends), or once nothing refers to the Shim
+    or any of its namespaces and handles any more."""
 
     files: Files
     commands: Commands
     backups: Backups
     mounts: Mounts
 
-    def __init__(self, core: Core, target: str) -> None:
-        self._core = core
+    def __init__(self, engine: Engine, target: str) -> None:
+        self._e = engine
         self.target = target
-        self.files = Files(core)
-        self.commands = Commands(core)
-        self.backups = Backups(core)
-        self.mounts = Mounts(core)
+        self.files = Files(engine)
+        self.commands = Commands(engine)
+        self.backups = Backups(engine)
+        self.mounts = Mounts(engine)
+        assert engine.proto.server is not None
+        self._server = ServerInfo._from_pb(engine.proto.server)
 
     @classmethod
     def connect(
         cls,
-        target: Optional[str] = None,
+        target: Any = None,
         *,
-        token: Optional[str] = None,
+        token: Optional[Union[str, bytes]] = None,
         timeout: Optional[float] = None,
         wait: Optional[float] = None,
         request_timeout: Optional[float] = None,
         client_name: Optional[str] = None,
+        exec_stderr: Any = None,
     ) -> "Shim":
         """Connect and complete the handshake.
 
         ``target`` (default ``$SBX_TARGET``) is ``unix:PATH``, ``tcp:HOST:PORT``,
         ``vsock:CID:PORT``, ``fc:UDS_PATH:PORT`` (Firecracker hybrid vsock) or
-        ``exec:COMMAND`` (e.g. ``exec:docker exec -i CTR sandbox-shim --stdio``).
-        ``token`` defaults to ``$SBX_TOKEN``. ``timeout`` bounds one connect +
-        handshake attempt (default 10 s); ``wait`` keeps retrying for that long while
-        the shim is not there yet; ``request_timeout`` is every call's default."""
-        if target is None:
-            target = os.environ.get("SBX_TARGET")
-            if not target:
-                raise ValueError("no target given and SBX_TARGET is not set (e.g. unix:/run/sandbox-shim.sock)")
-        t = cstr(target, "target")
-        if not t:
-            raise ValueError("target is empty")
-        opts = _lib.SbxConnectOpts()
-        opts.struct_size = ctypes.sizeof(opts)
-        tok = cstr(token, "token") if token is not None else None
-        opts.token = tok
-        name = cstr(client_name, "client_name") if client_name is not None else None
-        if name is None:
-            from . import __version__
+        ``exec:COMMAND`` (e.g. ``exec:docker exec -i CTR sandbox-shim --stdio``), or a
+        transport object of your own (``read(n)``, ``write(data)``, ``close()``; see
+        :mod:`sandbox_shim.transports`). ``token`` defaults to ``$SBX_TOKEN``.
+        ``timeout`` bounds one connect + handshake attempt (default 10 s); ``wait``
+        keeps retrying for that long while the shim is not there yet;
+        ``request_timeout`` is every call's default. ``exec_stderr``: where an
+        ``exec:`` command's stderr goes (None: kept for error messages, not mixed
+        into ours; "inherit": ours; or a file object)."""
+        ct = seconds(timeout) or DEFAULT_CONNECT_TIMEOUT
+        w = seconds(wait, "wait")
+        tok = token_of(token)
+        name = client_name_of(client_name)
+        rt = seconds(request_timeout, "request_timeout")
+        if is_transport(target):
+            return cls._over(target, "transport", tok, name, ct, rt)
+        t = target_of(target)
+        import time
 
-            name = f"sandbox_shim-python/{__version__}".encode()
-        opts.client_name = name
-        opts.connect_timeout_ms = max(timeout_ms(timeout), 0)
-        opts.wait_ms = max(timeout_ms(wait, "wait"), 0)
-        opts.default_timeout_ms = max(timeout_ms(request_timeout, "request_timeout"), 0)
-        h = ctypes.c_void_p()
-        err = _lib.SbxError()
-        if lib.sbx_connect(t, ctypes.byref(opts), ctypes.byref(h), ctypes.byref(err)) < 0:
-            raise_error(err)
-        return cls(Core(h.value), target)
+        deadline = None if w is None else time.monotonic() + w
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            tr = open_transport(t, timeout=ct, wait=left, exec_stderr=exec_stderr)
+            try:
+                return cls._over(tr, t, tok, name, ct, rt)
+            except Exception as e:
+                # a shim that closes during the handshake may just be starting: retry within wait
+                if deadline is not None and time.monotonic() < deadline and getattr(e, "errno", 0) == 104:
+                    time.sleep(0.05)
+                    continue
+                tail = getattr(tr, "stderr_tail", None)
+                if tail is not None and tail() and getattr(e, "kind", "") == "connect":
+                    e.message = f"{e.message}; the command said: {tail()[-500:]}"  # type: ignore[attr-defined]
+                    e.args = (e.message,)  # type: ignore[attr-defined]
+                raise
+
+    @classmethod
+    def _over(cls, transport: Any, target: str, token: Optional[bytes], name: str, timeout: float,
+              request_timeout: Optional[float]) -> "Shim":
+        proto = Protocol(client_name=name, token=token)
+        eng = Engine(transport, proto)
+        eng.default_timeout = request_timeout
+        eng.handshake(timeout)
+        return cls(eng, target)
 
     # ---- lifetime ----
 
@@ -99,12 +156,12 @@ class Shim:
         """Close the connection: calls in flight on other threads fail with
         SandboxConnectionError, open process handles are released (their commands
         killed), and later calls raise. Safe to call twice."""
-        self._core.close()
+        self._e.close()
 
     @property
     def closed(self) -> bool:
         """True once close() was called."""
-        return self._core.closed
+        return self._e.closed
 
     def __enter__(self) -> "Shim":
         return self
@@ -112,75 +169,30 @@ class Shim:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            core = self.__dict__.get("_core")
-            if core is not None and not core.closed:
-                core.close()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
         return f"<Shim {self.target!r}{' closed' if self.closed else ''}>"
 
     # ---- what the shim is ----
 
     @property
-    def server(self) -> Dict[str, Any]:
-        """What the shim said in the handshake: protocol_version, shim_version,
-        features, max_frame, pid, pid1, uid, hostname, boot_id."""
-        with self._core.use():
-            si = lib.sbx_client_server(self._core.handle).contents
-            return {
-                "protocol_version": si.protocol_version,
-                "shim_version": text(si.shim_version or b""),
-                "features": text(si.features or b"").split(),
-                "max_frame": si.max_frame,
-                "pid": si.pid,
-                "pid1": bool(si.pid1),
-                "uid": si.uid,
-                "hostname": text(si.hostname or b""),
-                "boot_id": text(si.boot_id or b""),
-            }
+    def server(self) -> ServerInfo:
+        """What the shim said in the handshake (a ServerInfo)."""
+        return self._server
 
     def has_feature(self, name: str) -> bool:
         """True if the shim announced this feature ("fs", "exec", "backup", ...)."""
-        b = cstr(name, "name")
-        with self._core.use():
-            return bool(lib.sbx_client_has_feature(self._core.handle, b))
+        return text_arg(name, "name") in self._server.features
 
     def ping(self, *, timeout: Optional[float] = None, abort: Any = None) -> float:
         """Round trip to the shim; returns it in seconds."""
-        rtt = ctypes.c_uint64()
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            if lib.sbx_ping(s.handle, s.opts, ctypes.byref(rtt), s.err) < 0:
-                s.fail()
-        return rtt.value / 1e9
+        check_abort(abort)
+        return self._e.ping(seconds(timeout), abort)
 
     def info(self, *, timeout: Optional[float] = None, abort: Any = None) -> ShimInfo:
         """The shim's state: versions, features, uptime, counts, RSS, load."""
-        i = _lib.SbxInfo()
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            if lib.sbx_info(s.handle, s.opts, ctypes.byref(i), s.err) < 0:
-                s.fail()
-        return ShimInfo(
-            shim_version=text(i.shim_version),
-            protocol_version=i.protocol_version,
-            features=text(i.features).split(),
-            uptime=i.uptime_ms / 1000,
-            pid=i.pid,
-            pid1=bool(i.pid1),
-            uid=i.uid,
-            gid=i.gid,
-            hostname=text(i.hostname),
-            boot_id=text(i.boot_id),
-            connections=i.connections,
-            streams=i.streams,
-            processes=i.processes,
-            mounts=i.mounts,
-            rss_bytes=i.rss_bytes,
-            load=list(i.load),
-        )
+        check_abort(abort)
+        res = self._e.request(_pb.Request(info=_pb.InfoRequest()), timeout=seconds(timeout), abort=abort)
+        return _ops.info_result(_ops.expect(res, "info"))
 
     # ---- tunnels ----
 
@@ -199,11 +211,11 @@ class Shim:
         sandbox (port 0: the kernel chooses; see the handle's ``port``) and relays
         every connection to ``local_host:local_port`` on this machine. Code inside
         connecting to 127.0.0.1:guest_port reaches the service here. ``on_event`` gets
-        a TunnelEvent per connection (on libsbx's relay thread)."""
-        from .tunnels import _port, open_tunnel
+        a TunnelEvent per connection (on the tunnel's relay thread)."""
+        from .tunnels import open_tunnel
 
-        gp, lp = _port("guest_port", guest_port, True), _port("local_port", local_port, False)
-        return open_tunnel(self._core, "reverse", guest_host, gp, local_host, lp, on_event, connect_timeout, backlog)
+        return open_tunnel(self._e, "reverse", guest_host, guest_port, local_host, local_port, on_event,
+                           connect_timeout, backlog)
 
     def forward(
         self,
@@ -219,22 +231,23 @@ class Shim:
         """Host -> sandbox: listen on ``local_host:local_port`` here (port 0: the kernel
         chooses; see the handle's ``port``) and relay every connection to
         ``guest_host:guest_port`` inside the sandbox -- a preview of a dev server."""
-        from .tunnels import _port, open_tunnel
+        from .tunnels import open_tunnel
 
-        gp, lp = _port("guest_port", guest_port, False), _port("local_port", local_port, True)
-        return open_tunnel(self._core, "forward", guest_host, gp, local_host, lp, on_event, connect_timeout, backlog)
+        return open_tunnel(self._e, "forward", guest_host, guest_port, local_host, local_port, on_event,
+                           connect_timeout, backlog)
 
     def tunnels(self, *, timeout: Optional[float] = None, abort: Any = None) -> List["TunnelInfo"]:
         """Every tunnel the shim has (all clients'), oldest first."""
-        from .tunnels import list_tunnels
+        from .tunnels import tunnel_info
 
-        return list_tunnels(self._core, timeout, abort)
+        check_abort(abort)
+        res = self._e.request(_pb.Request(tunnels=_pb.TunnelListRequest()), timeout=seconds(timeout), abort=abort)
+        return [tunnel_info(t) for t in _ops.expect(res, "tunnels").tunnels]
 
     def close_tunnel(self, tunnel_id: str, *, timeout: Optional[float] = None) -> None:
         """Close a tunnel by id, whichever client owns it."""
-        from .tunnels import close_tunnel_id
-
-        close_tunnel_id(self._core, tunnel_id, timeout)
+        i = _ops.id_arg(tunnel_id, "tunnel_id")
+        self._e.request(_pb.Request(tunnel_close=_pb.TunnelCloseRequest(tunnel_id=i)), timeout=seconds(timeout))
 
     def eval(
         self,
@@ -248,4 +261,4 @@ class Shim:
         the code is appended as the last argument) in a fresh process and return what
         it printed. A non-zero exit raises SandboxEvalError (a RuntimeError) whose
         message and ``stderr`` hold the snippet's stderr."""
-        return run_eval(self._core, code, interpreter, timeout, abort)
+        return run_eval(self._e, code, interpreter, timeout, abort)

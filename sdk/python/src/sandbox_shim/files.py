@@ -2,121 +2,126 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
-from typing import IO, Any, Callable, List, Optional, Union
+from typing import IO, Any, Callable, Generic, Iterator, List, Optional, TypeVar, Union
 
-from . import _lib
-from ._core import CallScope, Core, PathLike, check_type, fspath
-from ._lib import lib
-from ._stream import CallbackStream, Stopped
+from . import _ops
+from ._core import PathLike, check_abort, seconds
+from ._protocol import Data
+from ._sync import Call, Engine
 from .types import DiskUsage, SandboxFileEntry, SandboxFileStat, WatchEvent
 
-__all__ = ["Files"]
+__all__ = ["Files", "Stream"]
 
-ECANCELED = 125
-EIO = 5
-WATCH_TYPES = {
-    1: "create",
-    2: "modify",
-    3: "delete",
-    4: "moved_from",
-    5: "moved_to",
-    6: "attrib",
-    7: "overflow",
-    8: "delete_self",
-}
-# sbx_read_file_alloc's cap when the caller gives none: larger than any file read whole
-_READ_MAX = (1 << 63) - 1
+T = TypeVar("T")
+WRITE_CHUNK = 256 << 10
+Sink = Callable[[bytes], Any]
 
 
-def _mode(mode: Optional[int], name: str = "mode") -> int:
-    if mode is None:
-        return -1
-    check_type(name, mode, int, "an int (e.g. 0o644)")
-    if not 0 <= mode <= 0o7777:
-        raise ValueError(f"{name} must be between 0 and 0o7777, got {mode:#o}")
-    return mode
+class Stream(Generic[T]):
+    """An iterator over what a streamed call sends (file chunks, directory entries,
+    watch events), read as it arrives with bounded memory. Use it in a ``with`` block
+    (or call ``close()``) to stop early: the call is then cancelled in the shim."""
 
+    def __init__(self, call: Call, convert: Callable[[bytes], List[T]], finish: Optional[Callable[[], None]] = None,
+                 end_ok: Optional[Callable[[BaseException], bool]] = None,
+                 finish_fin: Optional[Callable[[bool], None]] = None) -> None:
+        self._call = call
+        self._convert = convert
+        self._finish = finish
+        self._finish_fin = finish_fin
+        self._fin = False
+        self._pending: List[T] = []
+        self._done = False
+        self._end_ok = end_ok
+        self.result: Any = None
 
-def _chunks_of(data: Any, name: str = "data") -> Any:
-    """What write_file accepts: str (UTF-8), bytes-like, or a readable file-like object."""
-    if isinstance(data, str):
-        return data.encode()
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return data
-    if callable(getattr(data, "readinto", None)) or callable(getattr(data, "read", None)):
-        return data
-    raise TypeError(f"{name} must be str, bytes or a readable file-like object, not {type(data).__name__}")
+    def __iter__(self) -> Iterator[T]:
+        return self
 
+    def __next__(self) -> T:
+        while not self._pending:
+            if self._done:
+                raise StopIteration
+            try:
+                it = self._call.next()
+            except BaseException as e:
+                self._done = True
+                if self._end_ok is not None and self._end_ok(e):
+                    raise StopIteration from None
+                raise
+            if it is None:
+                self._done = True
+                self.result = self._call.result
+                if self._finish is not None:
+                    self._finish()
+                if self._finish_fin is not None:
+                    self._finish_fin(self._fin)
+                raise StopIteration
+            if type(it) is Data:
+                self._fin = self._fin or it.fin
+                if it.data:
+                    self._pending = self._convert(it.data)
+                    self._pending.reverse()
+        return self._pending.pop()
 
-class _Source:
-    """A file-like object as an sbx_source_fn; a Python exception inside read()
-    aborts the upload (the old file is kept) and is re-raised after the call."""
+    def close(self) -> None:
+        """Stop early (the call is cancelled in the shim). Safe to call twice."""
+        if not self._done:
+            self._done = True
+            self._call.close()
 
-    def __init__(self, f: Any) -> None:
-        self.f = f
-        self.exc: Optional[BaseException] = None
-        self.total = 0
-        self.pending = b""  # text read() may return more bytes than asked for once encoded
-        self.fn = _lib.SOURCE_FN(self._cb)
+    def __enter__(self) -> "Stream[T]":
+        return self
 
-    def _cb(self, ud: int, buf: int, size: int) -> int:
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
         try:
-            readinto = getattr(self.f, "readinto", None)
-            if readinto is not None and not self.pending:
-                view = (ctypes.c_char * size).from_address(buf)
-                n = readinto(memoryview(view).cast("B"))
-                if n is None:
-                    n = 0
-            else:
-                data = self.pending or self.f.read(size)
-                self.pending = b""
-                if isinstance(data, str):
-                    data = data.encode()
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"read() returned {type(data).__name__}, not bytes")
-                data = bytes(data)
-                if len(data) > size:
-                    data, self.pending = data[:size], data[size:]
-                n = len(data)
-                ctypes.memmove(buf, data, n)
-            self.total += n
-            return n
-        except BaseException as e:
-            self.exc = e
-            ctypes.set_errno(ECANCELED)
-            return -1
+            self.close()
+        except Exception:
+            pass
 
 
-class _Sink:
-    """A callable (or writable file-like object) as an sbx_sink_fn."""
+def read_into(call: Call, write: Sink) -> int:
+    """Pass the DATA of a read call to write(); returns the byte count, checked against
+    the END. An exception from write() gives the call up (CANCEL) and propagates."""
+    n = 0
+    fin = False
+    while True:
+        it = call.next()
+        if it is None:
+            assert call.result is not None
+            return _ops.check_read_end(call.result, n, fin)
+        if type(it) is Data:
+            fin = fin or it.fin
+            if it.data:
+                try:
+                    write(it.data)
+                except BaseException:
+                    call.close()
+                    raise
+                n += len(it.data)
 
-    def __init__(self, write: Callable[[bytes], Any]) -> None:
-        self.write = write
-        self.exc: Optional[BaseException] = None
-        self.fn = _lib.SINK_FN(self._cb)
 
-    def _cb(self, ud: int, buf: int, size: int) -> int:
+def send_body(call: Call, body: Any, chunk: int = WRITE_CHUNK) -> None:
+    """Send a bytes-like body or a file-like object's contents, then FIN. An exception
+    from the file-like object gives the call up (the shim discards what it got)."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        call.write(body, fin=True)
+        return
+    reader = _ops.Reader(body, chunk)
+    while True:
         try:
-            self.write(ctypes.string_at(buf, size))
-            return 0
-        except BaseException as e:
-            self.exc = e
-            return ECANCELED
-
-
-def _read(s: CallScope, p: bytes, offset: int, ln: int, write: Callable[[bytes], Any]) -> int:
-    """sbx_read_file() of ``ln`` bytes (or TO_END) from ``offset`` in the call ``s``,
-    each chunk passed to ``write``; returns the byte count. An exception raised by
-    ``write`` is raised again here."""
-    sink = _Sink(write)
-    got = ctypes.c_uint64()
-    if lib.sbx_read_file(s.handle, s.opts, p, offset, ln, sink.fn, None, ctypes.byref(got), s.err) < 0:
-        if sink.exc is not None:
-            raise sink.exc
-        s.fail()
-    return got.value
+            b = reader.chunk()
+        except BaseException:
+            call.close()
+            raise
+        if not b:
+            call.finish()
+            return
+        call.write(b)
 
 
 class Files:
@@ -124,64 +129,46 @@ class Files:
     names may hold any bytes (str paths use os.fsencode/os.fsdecode). Every method
     takes ``timeout=`` (seconds) and ``abort=`` (a threading.Event) keywords."""
 
-    def __init__(self, core: Core) -> None:
-        self._core = core
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    def _open(self, req: Any, timeout: Optional[float], abort: Any, extra_window: int = 0) -> Call:
+        check_abort(abort)
+        return self._e.open(req, timeout=seconds(timeout), abort=abort, extra_window=extra_window)
+
+    def _read(self, req: Any, timeout: Optional[float], abort: Any) -> Call:
+        return self._open(req, timeout, abort, _ops.READ_EXTRA_WINDOW)
+
+    def _do(self, req: Any, timeout: Optional[float], abort: Any) -> Any:
+        return self._open(req, timeout, abort).wait_end()
 
     # ---- reading ----
 
-    def read_file(
-        self,
-        path: PathLike,
-        *,
-        offset: int = 0,
-        length: Optional[int] = None,
-        timeout: Optional[float] = None,
-        abort: Any = None,
-    ) -> bytes:
+    def read_file(self, path: PathLike, *, offset: int = 0, length: Optional[int] = None,
+                  timeout: Optional[float] = None, abort: Any = None) -> bytes:
         """The contents of a file (or ``length`` bytes from ``offset``) as bytes."""
-        p = fspath(path)
-        check_type("offset", offset, int, "an int")
-        if offset < 0:
-            raise ValueError("offset must not be negative")
-        if length is not None:
-            check_type("length", length, int, "an int or None")
-            if length < 0:
-                raise ValueError("length must not be negative")
-        if offset == 0 and length is None:
-            with self._core.call(timeout=timeout, abort=abort) as s:
-                data = ctypes.c_void_p()
-                n = ctypes.c_size_t()
-                if lib.sbx_read_file_alloc(s.handle, s.opts, p, _READ_MAX, ctypes.byref(data), ctypes.byref(n), s.err) < 0:
-                    s.fail()
-                try:
-                    return ctypes.string_at(data, n.value) if n.value else b""
-                finally:
-                    lib.libc.free(data)
+        call = self._read(_ops.read_req(path, offset, length), timeout, abort)
         parts: List[bytes] = []
-        self._read_into(p, offset, length, parts.append, timeout, abort)
-        return b"".join(parts)
+        read_into(call, parts.append)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _read_into(
-        self, p: bytes, offset: int, length: Optional[int], write: Callable[[bytes], Any], timeout: Any, abort: Any
-    ) -> int:
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            return _read(s, p, offset, _lib.TO_END if length is None else length, write)
-
-    def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "strict", **kw: Any) -> str:
+    def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "strict", offset: int = 0,
+                  length: Optional[int] = None, timeout: Optional[float] = None, abort: Any = None) -> str:
         """read_file() decoded."""
-        return self.read_file(path, **kw).decode(encoding, errors)
+        return self.read_file(path, offset=offset, length=length, timeout=timeout, abort=abort).decode(encoding, errors)
 
-    def download(self, path: PathLike, dest: Union[PathLike, IO[bytes]], *, timeout: Optional[float] = None, abort: Any = None) -> int:
+    def download(self, path: PathLike, dest: Union[PathLike, IO[bytes]], *, timeout: Optional[float] = None,
+                 abort: Any = None) -> int:
         """Stream a file to a local path or a writable file-like object; returns the
         byte count. A local path is written beside and renamed into place at the end."""
-        p = fspath(path)
+        req = _ops.read_req(path, 0, None)
         if callable(getattr(dest, "write", None)):
-            return self._read_into(p, 0, None, dest.write, timeout, abort)  # type: ignore[union-attr]
+            return read_into(self._read(req, timeout, abort), dest.write)  # type: ignore[union-attr]
         local = os.fsdecode(os.fspath(dest))  # type: ignore[arg-type]
         tmp = f"{local}.part-{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
-                n = self._read_into(p, 0, None, f.write, timeout, abort)
+                n = read_into(self._read(req, timeout, abort), f.write)
             os.replace(tmp, local)
             return n
         except BaseException:
@@ -191,43 +178,28 @@ class Files:
                 pass
             raise
 
-    def open_read(
-        self,
-        path: PathLike,
-        *,
-        offset: int = 0,
-        length: Optional[int] = None,
-        timeout: Optional[float] = None,
-        abort: Any = None,
-    ) -> "CallbackStream[bytes]":
+    def open_read(self, path: PathLike, *, offset: int = 0, length: Optional[int] = None,
+                  timeout: Optional[float] = None, abort: Any = None) -> "Stream[bytes]":
         """Stream a file: an iterator of bytes chunks, read as they arrive with bounded
         memory. Use it in a ``with`` block (or call ``close()``) to stop early."""
-        p = fspath(path)
-        check_type("offset", offset, int, "an int")
-        if offset < 0 or (length is not None and length < 0):
-            raise ValueError("offset and length must not be negative")
-        ln = _lib.TO_END if length is None else length
+        call = self._read(_ops.read_req(path, offset, length), timeout, abort)
+        got = [0, False]
 
-        def run(s: CallScope, push: Callable[[bytes], None]) -> int:
-            return _read(s, p, offset, ln, push)
+        def count(b: bytes) -> List[bytes]:
+            got[0] += len(b)
+            return [b]
 
-        return CallbackStream(self._core, run, timeout=timeout, abort=abort)
+        def end(fin: bool) -> None:
+            assert call.result is not None
+            _ops.check_read_end(call.result, got[0], fin)
+
+        return Stream(call, count, finish_fin=end)
 
     # ---- writing ----
 
-    def write_file(
-        self,
-        path: PathLike,
-        data: Union[str, bytes, bytearray, memoryview, IO[bytes]],
-        *,
-        mode: Optional[int] = None,
-        append: bool = False,
-        exclusive: bool = False,
-        parents: bool = False,
-        atomic: bool = True,
-        timeout: Optional[float] = None,
-        abort: Any = None,
-    ) -> SandboxFileStat:
+    def write_file(self, path: PathLike, data: Union[str, bytes, bytearray, memoryview, IO[bytes]], *,
+                   mode: Optional[int] = None, append: bool = False, exclusive: bool = False, parents: bool = False,
+                   atomic: bool = True, timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
         """Write ``data`` (str as UTF-8, bytes, or a readable file-like object streamed
         in chunks) to ``path``; returns the stat of the file written.
 
@@ -236,295 +208,139 @@ class Files:
         fails with SandboxFileExistsError if the path exists; ``parents`` creates
         missing directories; ``mode`` (e.g. 0o600) sets the permission bits (default:
         keep an existing file's, 0o644 for a new one)."""
-        p = fspath(path)
-        body = _chunks_of(data)
-        m = _mode(mode)
-        flags = 0
-        for name, val, bit in (
-            ("append", append, _lib.WRITE_APPEND),
-            ("exclusive", exclusive, _lib.WRITE_EXCLUSIVE),
-            ("parents", parents, _lib.WRITE_PARENTS),
-        ):
-            check_type(name, val, bool, "a bool")
-            if val:
-                flags |= bit
-        check_type("atomic", atomic, bool, "a bool")
-        if not atomic:
-            flags |= _lib.WRITE_NO_ATOMIC
-        st = _lib.SbxStat()
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            if isinstance(body, (bytes, bytearray, memoryview)):
-                mv: Any = body
-                if isinstance(mv, memoryview):
-                    # a writable contiguous view is passed as it is; anything else is copied once
-                    if mv.c_contiguous and not mv.readonly:
-                        mv = mv.cast("B")
-                    else:
-                        mv = mv.tobytes()
-                n = len(mv)
-                buf: Any = mv if isinstance(mv, bytes) else (ctypes.c_char * n).from_buffer(mv) if n else b""
-                rc = lib.sbx_write_file_buf(s.handle, s.opts, p, flags, m, buf, n, ctypes.byref(st), s.err)
-                if rc < 0:
-                    s.fail()
-            else:
-                src = _Source(body)
-                if lib.sbx_write_file(s.handle, s.opts, p, flags, m, src.fn, None, ctypes.byref(st), s.err) < 0:
-                    if src.exc is not None:
-                        raise src.exc
-                    s.fail()
-        return SandboxFileStat._from_c(os.fsdecode(p), st)
+        p, req = _ops.write_req(path, mode, append, exclusive, parents, atomic)
+        body = _ops.body_arg(data)
+        call = self._open(req, timeout, abort)
+        send_body(call, body)
+        return _ops.write_result(p, call.wait_end())
 
-    def upload(self, local: PathLike, path: PathLike, **kw: Any) -> SandboxFileStat:
+    def upload(self, local: PathLike, path: PathLike, *, mode: Optional[int] = None, append: bool = False,
+               exclusive: bool = False, parents: bool = False, atomic: bool = True,
+               timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
         """write_file() from a local file, streamed."""
         with open(os.fspath(local), "rb") as f:
-            return self.write_file(path, f, **kw)
+            return self.write_file(path, f, mode=mode, append=append, exclusive=exclusive, parents=parents,
+                                   atomic=atomic, timeout=timeout, abort=abort)
 
     # ---- metadata ----
 
-    def stat(self, path: PathLike, *, follow_symlinks: bool = True, timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
+    def stat(self, path: PathLike, *, follow_symlinks: bool = True, timeout: Optional[float] = None,
+             abort: Any = None) -> SandboxFileStat:
         """Metadata of ``path`` (of a symlink's target unless follow_symlinks=False)."""
-        p = fspath(path)
-        check_type("follow_symlinks", follow_symlinks, bool, "a bool")
-        st = _lib.SbxStat()
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            if lib.sbx_stat(s.handle, s.opts, p, _lib.STAT_FOLLOW if follow_symlinks else 0, ctypes.byref(st), s.err) < 0:
-                s.fail()
-        return SandboxFileStat._from_c(os.fsdecode(p), st)
+        p, req = _ops.stat_req(path, follow_symlinks)
+        return _ops.stat_result(p, self._do(req, timeout, abort))
 
-    def lstat(self, path: PathLike, **kw: Any) -> SandboxFileStat:
+    def lstat(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
         """stat() of a symlink itself."""
-        return self.stat(path, follow_symlinks=False, **kw)
+        return self.stat(path, follow_symlinks=False, timeout=timeout, abort=abort)
 
     def exists(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> bool:
         """True if path exists (a dangling symlink exists)."""
-        p = fspath(path)
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            rc = lib.sbx_exists(s.handle, s.opts, p, s.err)
-            if rc < 0:
-                s.fail()
-        return rc == 1
+        _, req = _ops.stat_req(path, False)
+        try:
+            self._do(req, timeout, abort)
+            return True
+        except Exception as e:
+            return _ops.exists_answer(e)
 
-    def read_directory(
-        self,
-        path: PathLike,
-        *,
-        recursive: bool = False,
-        depth: Optional[int] = None,
-        hidden: bool = True,
-        follow_symlinks: bool = False,
-        timeout: Optional[float] = None,
-        abort: Any = None,
-    ) -> List[SandboxFileEntry]:
+    def read_directory(self, path: PathLike, *, recursive: bool = False, depth: Optional[int] = None,
+                       hidden: bool = True, follow_symlinks: bool = False, timeout: Optional[float] = None,
+                       abort: Any = None) -> List[SandboxFileEntry]:
         """The entries of a directory with their metadata (in the order the
         shim reads them). ``recursive`` lists the whole tree (or ``depth`` levels);
         ``hidden=False`` leaves out names starting with '.'."""
-        return list(
-            self._list(path, recursive, depth, hidden, follow_symlinks, timeout, abort, stream=False)  # type: ignore[arg-type]
-        )
+        with self.iter_directory(path, recursive=recursive, depth=depth, hidden=hidden,
+                                 follow_symlinks=follow_symlinks, timeout=timeout, abort=abort) as it:
+            return list(it)
 
-    def iter_directory(self, path: PathLike, *, recursive: bool = False, depth: Optional[int] = None, hidden: bool = True,
-                       follow_symlinks: bool = False, timeout: Optional[float] = None, abort: Any = None) -> "CallbackStream[SandboxFileEntry]":
+    def iter_directory(self, path: PathLike, *, recursive: bool = False, depth: Optional[int] = None,
+                       hidden: bool = True, follow_symlinks: bool = False, timeout: Optional[float] = None,
+                       abort: Any = None) -> "Stream[SandboxFileEntry]":
         """read_directory() as a stream, for huge directories (close it to stop early)."""
-        return self._list(path, recursive, depth, hidden, follow_symlinks, timeout, abort, stream=True)  # type: ignore[return-value]
+        base, req = _ops.list_req(path, recursive, depth, hidden, follow_symlinks)
+        dl = _ops.Delimited()
+        call = self._open(req, timeout, abort)
+        return Stream(call, lambda b: [_ops.dir_entry(base, m) for m in dl.feed(b)], dl.finish)
 
-    def _list(self, path: PathLike, recursive: bool, depth: Optional[int], hidden: bool, follow: bool, timeout: Any, abort: Any, stream: bool) -> Any:
-        p = fspath(path)
-        check_type("recursive", recursive, bool, "a bool")
-        check_type("hidden", hidden, bool, "a bool")
-        check_type("follow_symlinks", follow, bool, "a bool")
-        if depth is not None:
-            check_type("depth", depth, int, "an int or None")
-            if depth < 1:
-                raise ValueError("depth must be at least 1")
-            d = depth
-        else:
-            d = 0 if recursive else 1
-        flags = (_lib.LIST_HIDDEN if hidden else 0) | (_lib.LIST_FOLLOW if follow else 0)
-        base = os.fsdecode(p).rstrip("/") or ""
+    def watch(self, path: PathLike, *, recursive: bool = False, timeout: Optional[float] = None,
+              abort: Any = None) -> "Stream[WatchEvent]":
+        """Stream changes below ``path`` as WatchEvent values until the iterator is
+        closed, ``timeout`` passes (SandboxTimeoutError), ``abort`` is set
+        (SandboxAbortError) or the path is deleted (the iterator ends)."""
+        dl = _ops.Delimited()
+        call = self._open(_ops.watch_req(path, recursive), timeout, abort)
+        return Stream(call, lambda b: [_ops.watch_event(m) for m in dl.feed(b)], dl.finish)
 
-        def run(s: CallScope, push: Callable[[SandboxFileEntry], None]) -> None:
-            exc: List[BaseException] = []
-
-            def cb(ud: int, ent: Any) -> int:
-                try:
-                    e = ent.contents
-                    name = os.fsdecode(ctypes.string_at(e.name, e.name_len))
-                    full = f"{base}/{name}"
-                    push(SandboxFileEntry(name=name, path=full, stat=SandboxFileStat._from_c(full, e.stat.contents)))
-                    return 0
-                except BaseException as x:
-                    exc.append(x)
-                    return ECANCELED
-
-            fn = _lib.DIRENT_FN(cb)
-            if lib.sbx_list(s.handle, s.opts, p, d, flags, fn, None, None, s.err) < 0:
-                if exc:
-                    raise exc[0]
-                s.fail()
-
-        if stream:
-            return CallbackStream(self._core, run, timeout=timeout, abort=abort)
-        out: List[SandboxFileEntry] = []
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            run(s, out.append)
-        return out
-
-    # ---- changing things ----
-
-    def _simple(self, fn: Callable[[CallScope], int], timeout: Any, abort: Any) -> None:
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            if fn(s) < 0:
-                s.fail()
+    # ---- changes ----
 
     def mkdir(self, path: PathLike, *, parents: bool = False, mode: Optional[int] = None, exist_ok: bool = False,
               timeout: Optional[float] = None, abort: Any = None) -> None:
         """Create a directory (``parents``: with its missing parents; ``mode``:
         default 0o755). ``exist_ok`` ignores an existing directory."""
-        p = fspath(path)
-        check_type("parents", parents, bool, "a bool")
-        check_type("exist_ok", exist_ok, bool, "a bool")
-        m = _mode(mode)
+        req = _ops.mkdir_req(path, parents, mode)
+        _ops.check_bool("exist_ok", exist_ok)
         try:
-            self._simple(lambda s: lib.sbx_mkdir(s.handle, s.opts, p, _lib.MKDIR_PARENTS if parents else 0, m, s.err), timeout, abort)
+            self._do(req, timeout, abort)
         except FileExistsError:
-            if not exist_ok or not self.stat(path).is_dir:
+            if not exist_ok or not self.stat(path, timeout=timeout, abort=abort).is_dir:
                 raise
 
-    def delete(self, path: PathLike, *, recursive: bool = False, timeout: Optional[float] = None, abort: Any = None) -> None:
+    def delete(self, path: PathLike, *, recursive: bool = False, timeout: Optional[float] = None,
+               abort: Any = None) -> None:
         """Remove a file, a symlink, an empty directory, or (recursive) a whole tree."""
-        p = fspath(path)
-        check_type("recursive", recursive, bool, "a bool")
-        self._simple(lambda s: lib.sbx_remove(s.handle, s.opts, p, _lib.REMOVE_RECURSIVE if recursive else 0, s.err), timeout, abort)
+        self._do(_ops.remove_req(path, recursive), timeout, abort)
 
     remove = delete
 
-    def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = True, timeout: Optional[float] = None, abort: Any = None) -> None:
+    def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = True, timeout: Optional[float] = None,
+               abort: Any = None) -> None:
         """Move ``src`` to ``dst`` atomically (across file systems: copy, then remove).
         ``overwrite=False`` fails with SandboxFileExistsError if dst exists."""
-        a, b = fspath(src, "src"), fspath(dst, "dst")
-        check_type("overwrite", overwrite, bool, "a bool")
-        self._simple(lambda s: lib.sbx_rename(s.handle, s.opts, a, b, 0 if overwrite else _lib.RENAME_NOREPLACE, s.err), timeout, abort)
+        self._do(_ops.rename_req(src, dst, overwrite), timeout, abort)
 
     move = rename
 
-    def copy(self, src: PathLike, dst: PathLike, *, recursive: bool = False, timeout: Optional[float] = None, abort: Any = None) -> None:
+    def copy(self, src: PathLike, dst: PathLike, *, recursive: bool = False, timeout: Optional[float] = None,
+             abort: Any = None) -> None:
         """Copy a file (or, recursive, a tree), keeping modes, times and symlinks."""
-        a, b = fspath(src, "src"), fspath(dst, "dst")
-        check_type("recursive", recursive, bool, "a bool")
-        self._simple(lambda s: lib.sbx_copy(s.handle, s.opts, a, b, _lib.COPY_RECURSIVE if recursive else 0, s.err), timeout, abort)
+        self._do(_ops.copy_req(src, dst, recursive), timeout, abort)
 
     def chmod(self, path: PathLike, mode: int, *, timeout: Optional[float] = None, abort: Any = None) -> None:
         """Set the permission bits (0 to 0o7777)."""
-        p = fspath(path)
-        if mode is None:
-            raise TypeError("mode must be an int, not None")
-        m = _mode(mode)
-        self._simple(lambda s: lib.sbx_chmod(s.handle, s.opts, p, m, s.err), timeout, abort)
+        self._do(_ops.chmod_req(path, mode), timeout, abort)
 
-    def chown(self, path: PathLike, uid: Optional[int] = None, gid: Optional[int] = None, *, follow_symlinks: bool = True,
-              timeout: Optional[float] = None, abort: Any = None) -> None:
+    def chown(self, path: PathLike, uid: Optional[int] = None, gid: Optional[int] = None, *,
+              follow_symlinks: bool = True, timeout: Optional[float] = None, abort: Any = None) -> None:
         """Change the owner and/or group (None: leave unchanged)."""
-        p = fspath(path)
-        ids = []
-        for name, v in (("uid", uid), ("gid", gid)):
-            if v is None:
-                ids.append(-1)
-                continue
-            check_type(name, v, int, "an int or None")
-            if not 0 <= v < 2**32 - 1:
-                raise ValueError(f"{name} out of range: {v}")
-            ids.append(v)
-        check_type("follow_symlinks", follow_symlinks, bool, "a bool")
-        fl = 0 if follow_symlinks else _lib.CHOWN_NOFOLLOW
-        self._simple(lambda s: lib.sbx_chown(s.handle, s.opts, p, ids[0], ids[1], fl, s.err), timeout, abort)
+        self._do(_ops.chown_req(path, uid, gid, follow_symlinks), timeout, abort)
 
-    def symlink(self, target: PathLike, link_path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> None:
+    def symlink(self, target: PathLike, link_path: PathLike, *, timeout: Optional[float] = None,
+                abort: Any = None) -> None:
         """Create ``link_path`` as a symlink to ``target`` (any text, relative allowed)."""
-        t = fspath(target, "target", absolute=False)
-        lp = fspath(link_path, "link_path")
-        self._simple(lambda s: lib.sbx_symlink(s.handle, s.opts, t, lp, s.err), timeout, abort)
+        self._do(_ops.symlink_req(target, link_path), timeout, abort)
 
-    def link(self, target: PathLike, link_path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> None:
+    def link(self, target: PathLike, link_path: PathLike, *, timeout: Optional[float] = None,
+             abort: Any = None) -> None:
         """Create a hard link."""
-        t, lp = fspath(target, "target"), fspath(link_path, "link_path")
-        self._simple(lambda s: lib.sbx_link(s.handle, s.opts, t, lp, s.err), timeout, abort)
-
-    def _pathcall(self, fn: Any, path: PathLike, timeout: Any, abort: Any) -> str:
-        p = fspath(path)
-        buf = ctypes.create_string_buffer(4097)
-        with self._core.call(timeout=timeout, abort=abort) as s:
-            n = fn(s.handle, s.opts, p, buf, len(buf), s.err)
-            if n < 0:
-                s.fail()
-        return os.fsdecode(buf.raw[:n])
+        self._do(_ops.link_req(target, link_path), timeout, abort)
 
     def readlink(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> str:
         """The target of a symlink."""
-        return self._pathcall(lib.sbx_readlink, path, timeout, abort)
+        return _ops.path_result(self._do(_ops.readlink_req(path), timeout, abort))
 
     def realpath(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> str:
         """The canonical absolute path (symlinks and .. resolved)."""
-        return self._pathcall(lib.sbx_realpath, path, timeout, abort)
+        return _ops.path_result(self._do(_ops.realpath_req(path), timeout, abort))
 
     def truncate(self, path: PathLike, size: int, *, timeout: Optional[float] = None, abort: Any = None) -> None:
         """Cut or extend a file to ``size`` bytes."""
-        p = fspath(path)
-        check_type("size", size, int, "an int")
-        if size < 0:
-            raise ValueError("size must not be negative")
-        self._simple(lambda s: lib.sbx_truncate(s.handle, s.opts, p, size, s.err), timeout, abort)
+        self._do(_ops.truncate_req(path, size), timeout, abort)
 
-    def touch(self, path: PathLike, *, create: bool = True, timeout: Optional[float] = None, abort: Any = None) -> None:
+    def touch(self, path: PathLike, *, create: bool = True, timeout: Optional[float] = None,
+              abort: Any = None) -> None:
         """Set a file's times to now (creating it empty unless create=False)."""
-        p = fspath(path)
-        check_type("create", create, bool, "a bool")
-        fl = 0 if create else _lib.TOUCH_NO_CREATE
-        self._simple(lambda s: lib.sbx_set_times(s.handle, s.opts, p, None, None, fl, s.err), timeout, abort)
+        self._do(_ops.touch_req(path, create), timeout, abort)
 
     def disk_usage(self, path: PathLike = "/", *, timeout: Optional[float] = None, abort: Any = None) -> DiskUsage:
         """statfs() of the file system holding ``path``."""
-        p = fspath(path)
-        sf = _lib.SbxStatfs()
-        self._simple(lambda s: lib.sbx_statfs(s.handle, s.opts, p, ctypes.byref(sf), s.err), timeout, abort)
-        bs = sf.block_size
-        return DiskUsage(
-            total=sf.blocks * bs,
-            used=(sf.blocks - sf.blocks_free) * bs,
-            free=sf.blocks_free * bs,
-            available=sf.blocks_available * bs,
-            block_size=bs,
-            files=sf.files,
-            files_free=sf.files_free,
-            fs_type=sf.fs_type,
-            read_only=bool(sf.flags & 1),
-        )
-
-    def watch(self, path: PathLike, *, recursive: bool = False, timeout: Optional[float] = None, abort: Any = None) -> "CallbackStream[WatchEvent]":
-        """Stream changes below ``path`` as WatchEvent values until the iterator is
-        closed, ``timeout`` passes (SandboxTimeoutError), ``abort`` is set
-        (SandboxAbortError) or the path is deleted (the iterator ends)."""
-        p = fspath(path)
-        check_type("recursive", recursive, bool, "a bool")
-
-        def run(s: CallScope, push: Callable[[WatchEvent], None]) -> None:
-            exc: List[BaseException] = []
-
-            def cb(ud: int, evp: Any) -> int:
-                try:
-                    ev = evp.contents
-                    path_s = os.fsdecode(ctypes.string_at(ev.path, ev.path_len)) if ev.path else None
-                    push(WatchEvent(WATCH_TYPES.get(ev.type, str(ev.type)), path_s, bool(ev.is_dir), ev.cookie))
-                    return 0
-                except Stopped:
-                    return 1
-                except BaseException as x:
-                    exc.append(x)
-                    return 1
-
-            fn = _lib.WATCH_FN(cb)
-            if lib.sbx_watch(s.handle, s.opts, p, _lib.WATCH_RECURSIVE if recursive else 0, fn, None, s.err) < 0:
-                s.fail()
-            if exc:
-                raise exc[0]
-
-        return CallbackStream(self._core, run, timeout=timeout, abort=abort)
+        return _ops.statfs_result(self._do(_ops.statfs_req(path), timeout, abort))

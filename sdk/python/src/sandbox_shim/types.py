@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import List, Optional, TypedDict
 
-from . import _lib
-
 __all__ = [
+    "ServerInfo",
     "SandboxFileStat",
     "SandboxFileEntry",
     "WatchEvent",
@@ -34,9 +33,59 @@ FILE_TYPES = {
 }
 
 
-def utc(ts: _lib.SbxTimespec) -> datetime:
-    """A struct sbx_timespec as an aware UTC datetime (microsecond precision)."""
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=ts.sec, microseconds=ts.nsec // 1000)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def utc(ts: object) -> datetime:
+    """A Timestamp {sec, nsec} as an aware UTC datetime (microsecond precision)."""
+    return _EPOCH + timedelta(seconds=ts.sec, microseconds=ts.nsec // 1000)  # type: ignore[attr-defined]
+
+
+def _ns(ts: object) -> int:
+    return ts.sec * 1_000_000_000 + ts.nsec  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the shim said in the handshake (``Shim.server``): its protocol version,
+    version string, features, the frame limit and per-stream window it settled on,
+    the streams a connection may have in flight (0: not announced), its pid, whether
+    it is PID 1, its uid, hostname and boot id."""
+
+    protocol_version: int
+    shim_version: str
+    features: List[str]
+    max_frame: int
+    initial_window: int
+    max_streams: int
+    pid: int
+    pid1: bool
+    uid: int
+    hostname: str
+    boot_id: str
+
+    def __getitem__(self, key: str) -> object:
+        """``server["pid"]`` as well as ``server.pid`` (the mapping of earlier versions)."""
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    @classmethod
+    def _from_pb(cls, r: object) -> "ServerInfo":
+        g = r.__getattribute__
+        return cls(
+            protocol_version=g("protocol_version"),
+            shim_version=g("shim_version"),
+            features=list(g("features")),
+            max_frame=g("max_frame"),
+            initial_window=g("initial_window"),
+            max_streams=g("max_streams") or 0,
+            pid=g("pid"),
+            pid1=bool(g("pid1")),
+            uid=g("uid"),
+            hostname=g("hostname") or "",
+            boot_id=g("boot_id") or "",
+        )
 
 
 @dataclass(frozen=True)
@@ -45,7 +94,11 @@ class SandboxFileStat:
 
     ``type`` is one of ``"file"``, ``"directory"``, ``"symlink"``, ``"fifo"``,
     ``"socket"``, ``"block_device"``, ``"character_device"`` (``"unknown"``).
-    Times are UTC datetimes; ``*_ns`` give them in nanoseconds since the epoch.
+    ``mode`` holds the permission bits only, set-id and sticky bits included
+    (``st_mode & 0o7777``, e.g. ``0o644``); the file type is in ``type``. ``device`` is
+    ``st_dev``, ``rdev`` the device number of a device node, ``blocks`` 512-byte blocks
+    allocated. Times are UTC datetimes; ``*_ns`` give them in nanoseconds since the epoch.
+    ``link_target`` is a symlink's target (None for other types).
     """
 
     path: str
@@ -83,36 +136,40 @@ class SandboxFileStat:
         return self.type == "symlink"
 
     @classmethod
-    def _from_c(cls, path: str, st: _lib.SbxStat) -> "SandboxFileStat":
-        target = None
-        if st.type == 3 and st.link_target_len:
-            target = os.fsdecode(bytes(st.link_target[: st.link_target_len]))
+    def _from_pb(cls, path: str, st: object) -> "SandboxFileStat":
+        g = st.__getattribute__
+        t = g("type")
+        lt = g("link_target")
+        at, mt, ct = g("atime"), g("mtime"), g("ctime")
         return cls(
             path=path,
-            type=FILE_TYPES.get(st.type, "unknown"),
-            size=st.size,
-            mode=st.mode,
-            uid=st.uid,
-            gid=st.gid,
-            nlink=st.nlink,
-            inode=st.inode,
-            device=st.device,
-            rdev=st.rdev,
-            blocks=st.blocks,
-            atime=utc(st.atime),
-            mtime=utc(st.mtime),
-            ctime=utc(st.ctime),
-            atime_ns=st.atime.sec * 10**9 + st.atime.nsec,
-            mtime_ns=st.mtime.sec * 10**9 + st.mtime.nsec,
-            ctime_ns=st.ctime.sec * 10**9 + st.ctime.nsec,
-            link_target=target,
+            type=FILE_TYPES.get(t, "unknown"),
+            size=g("size"),
+            mode=g("mode"),
+            uid=g("uid"),
+            gid=g("gid"),
+            nlink=g("nlink"),
+            inode=g("inode"),
+            device=g("device"),
+            rdev=g("rdev") or 0,
+            blocks=g("blocks") or 0,
+            atime=utc(at),
+            mtime=utc(mt),
+            ctime=utc(ct),
+            atime_ns=_ns(at),
+            mtime_ns=_ns(mt),
+            ctime_ns=_ns(ct),
+            link_target=os.fsdecode(lt) if t == 3 and lt else None,
         )
 
 
 @dataclass(frozen=True)
 class SandboxFileEntry:
     """One entry of read_directory(): ``name`` is relative to the directory listed
-    (``"sub/file"`` below the first level), ``path`` absolute, ``stat`` its metadata."""
+    (``"sub/file"`` below the first level), ``path`` absolute, ``stat`` its metadata
+    (an lstat: a symlink is reported as the link). The shortcuts ``type``, ``size``,
+    ``mode`` (permission bits, ``st_mode & 0o7777``; not the file type) and ``mtime``
+    are those of ``stat``."""
 
     name: str
     path: str
@@ -130,7 +187,7 @@ class SandboxFileEntry:
 
     @property
     def mode(self) -> int:
-        """Permission bits."""
+        """Permission bits incl. set-id and sticky (``st_mode & 0o7777``)."""
         return self.stat.mode
 
     @property
@@ -244,7 +301,7 @@ class ProcessInfo:
 
 
 class DirectoryBackupRecord(TypedDict, total=False):
-    """The record of a directory backup (the JSON shape libsbx and the CLI print)."""
+    """The record of a directory backup (the JSON shape the CLI prints)."""
 
     id: str
     dir: str
