@@ -82,7 +82,10 @@ class AsyncCall:
                     else:  # a threading.Event or the like: polled
                         timeout = POLL if timeout is None else min(timeout, POLL)
                 try:
-                    await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                    if timeout is None and len(waits) == 1:
+                        await w  # the common case: just the future
+                    else:
+                        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 except asyncio.CancelledError:
                     # the awaiting task was cancelled: the call is cancelled in the shim
                     self.give_up_now()
@@ -218,6 +221,7 @@ class AsyncEngine:
         self._closers: Dict[int, Callable[[], Any]] = {}
         self._reader: Optional[asyncio.Task[None]] = None
         self._writer: Optional[asyncio.Task[None]] = None
+        self._write_nowait = getattr(transport, "write_nowait", None)
 
     # ---- start-up ----
 
@@ -242,6 +246,13 @@ class AsyncEngine:
 
     def kick(self) -> None:
         if self.proto.pending_output():
+            w = self._write_nowait
+            if w is not None and self.error is None:
+                try:
+                    if w(self.proto, self.high_water):
+                        return
+                except Exception:
+                    pass  # the writer task finds out and fails the connection
             self._write_event.set()
 
     async def drained(self) -> None:
@@ -420,7 +431,10 @@ class AsyncEngine:
                 elif abort is not None:
                     left = POLL if left is None else min(left, POLL)
                 try:
-                    await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                    if left is None and at is None:
+                        await f
+                    else:
+                        await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     if at is not None:
                         at.cancel()

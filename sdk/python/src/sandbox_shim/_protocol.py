@@ -267,6 +267,7 @@ class Protocol:
         extra = min(extra_window, MAX_CREDIT - st.recv_credit)
         if extra > 0:
             st.recv_credit += extra
+            st.window += extra  # credit goes back in batches of half of all of it
             self._frame(sid, WINDOW, 0, U32.pack(extra))
         return sid
 
@@ -383,14 +384,19 @@ class Protocol:
         """Take bytes the transport read; returns the events they complete."""
         if self.state == "dead":
             return []
-        buf = self._in
-        buf += data
+        if self._in:
+            self._in += data
+            buf: Union[bytes, bytearray, memoryview] = self._in
+            self._in = bytearray()  # buf is ours now: exported to mv below, never resized
+        else:
+            buf = data  # the common case: no partial frame left from the last read
+        mv = memoryview(buf)
         events: List[Event] = []
         pos = 0
         n = len(buf)
         try:
             while n - pos >= HDR_LEN:
-                length, sid, ftype, flags, reserved = HDR.unpack_from(buf, pos)
+                length, sid, ftype, flags, reserved = HDR.unpack_from(mv, pos)
                 # checked before a byte of the payload is waited for (PROTOCOL.md 2)
                 if length > self.max_frame:
                     raise _Violation(EMSGSIZE, f"frame of {length} bytes exceeds the limit of {self.max_frame}")
@@ -401,7 +407,7 @@ class Protocol:
                 if n - pos - HDR_LEN < length:
                     break
                 start = pos + HDR_LEN
-                payload = bytes(buf[start:start + length]) if length else b""
+                payload = bytes(mv[start:start + length]) if length else b""  # the one copy
                 pos = start + length
                 self._dispatch(sid, ftype, flags, payload, events)
                 if self.state == "dead":
@@ -409,8 +415,8 @@ class Protocol:
         except _Violation as v:
             events.extend(self._die(make_error("protocol", v.code, v.message)))
             return events
-        if pos:
-            del buf[:pos]
+        if pos < n:
+            self._in += mv[pos:]  # a partial frame waits for the next read
         return events
 
     def _dispatch(self, sid: int, ftype: int, flags: int, payload: bytes, events: List[Event]) -> None:

@@ -447,9 +447,17 @@ class Engine:
 def _reader_main(engine: Any, transport: Any) -> None:
     """The reader thread: holds the engine only weakly, so that a Shim nobody holds
     any more is collected (and closed) while its reader waits on the socket."""
+    readinto = getattr(transport, "readinto", None)
+    view = memoryview(bytearray(READ_SIZE)) if readinto is not None else None
     while True:
         try:
-            data = transport.read(READ_SIZE)
+            if readinto is not None:
+                # one buffer for the connection's life (Protocol.receive copies payloads
+                # out): no 256 KiB bytes object malloc'd, shrunk and freed per read
+                n = readinto(view)
+                data = view[:n] if n else b""
+            else:
+                data = transport.read(READ_SIZE)
         except ReferenceError:
             return
         except Exception as e:  # the transport broke (or was closed under us)

@@ -103,6 +103,9 @@ class SocketTransport:
     def read(self, n: int) -> bytes:
         return self.sock.recv(n)
 
+    def readinto(self, buf: Any) -> int:
+        return self.sock.recv_into(buf)
+
     def write(self, data: bytes) -> None:
         self.sock.sendall(data)
 
@@ -314,6 +317,15 @@ class AsyncStreamTransport:
     async def write(self, data: bytes) -> None:
         self.writer.write(data)
         await self.writer.drain()
+
+    def write_nowait(self, proto: Any, high_water: int) -> bool:
+        """Hand what proto has queued to the transport now, unless its buffer is above
+        high_water (False: nothing taken; the writer task writes and drains)."""
+        tr = self.writer.transport
+        if tr.is_closing() or tr.get_write_buffer_size() > high_water:
+            return False
+        self.writer.write(proto.data_to_send())
+        return True
 
     async def close(self) -> None:
         try:
