@@ -1,7 +1,8 @@
-/* log.c: leveled logging to stderr, one line per message, with a UTC timestamp. */
+/* log.c: leveled logging to stderr (or a file), one line per message, with a UTC timestamp. */
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,8 +11,20 @@
 #include <unistd.h>
 
 enum log_level log_max_level = LOG_INFO;
+static int log_fd = STDERR_FILENO;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+int log_open_file(const char *path)
+{
+	/* O_APPEND: one write per line stays whole beside other writers, and a log
+	 * rotated by truncation goes on at its new end */
+	int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+	if (fd < 0)
+		return -1;
+	log_fd = fd;
+	return 0;
+}
 
 int log_parse_level(const char *name)
 {
@@ -44,7 +57,7 @@ void log_msg(enum log_level lvl, const char *fmt, ...)
 		len = sizeof(line) - 2;
 	line[len++] = '\n';
 	/* one write per line so lines from threads never interleave */
-	ssize_t r = write(STDERR_FILENO, line, len);
+	ssize_t r = write(log_fd, line, len);
 	(void)r;
 	errno = saved;
 }

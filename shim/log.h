@@ -1,4 +1,4 @@
-/* log.h: leveled logging to stderr. */
+/* log.h: leveled logging to stderr (or a file). */
 #ifndef SHIM_LOG_H
 #define SHIM_LOG_H
 
@@ -8,6 +8,9 @@ extern enum log_level log_max_level;
 
 /* "error", "warn", "info", "debug" -> level; -1 if unknown. */
 int log_parse_level(const char *name);
+/* From now on the lines go to path (appended; created 0600) instead of stderr.
+ * Start-up only; -1 with errno. */
+int log_open_file(const char *path);
 void log_msg(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)

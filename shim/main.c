@@ -25,9 +25,9 @@ static void usage(FILE *f)
 	fprintf(f, "usage: sandbox-shim [--stdio] [--listen ADDR]... [options] [-- CMD [ARG]...]\n"
 		   "\n"
 		   "Serves shim protocol v1 inside a sandbox. With -- CMD it also supervises CMD as\n"
-		   "its workload, as an init does: signals forwarded, orphans reaped, and the daemon\n"
-		   "exits with CMD's status when it ends (128+N for signal N; 127 not found, 126\n"
-		   "not executable). Transports are optional then.\n"
+		   "its workload, as an init does: every signal passed on, the terminal handed over,\n"
+		   "orphans reaped, and the daemon exits with CMD's status when it ends (128+N for\n"
+		   "signal N; 127 not found, 126 not executable). Transports are optional then.\n"
 		   "\n"
 		   "transports:\n"
 		   "  --stdio                  one client on stdin/stdout; exit when it closes\n"
@@ -59,7 +59,9 @@ static void usage(FILE *f)
 		   "  --state-dir DIR          private runtime state (default /run/sandbox-shim as root,\n"
 		   "                           else $XDG_RUNTIME_DIR/sandbox-shim or /tmp/sandbox-shim-UID)\n"
 		   "\n"
-		   "  --log-level LEVEL        error, warn, info (default) or debug\n"
+		   "  --log-level LEVEL        error, warn, info (default) or debug; as PID 1 with a\n"
+		   "                           workload the default is warn (its stderr is the workload's)\n"
+		   "  --log-file FILE          the log goes to FILE (appended) instead of stderr\n"
 		   "  --version, --help\n"
 		   "\n"
 		   "environment (for platforms that set a container's environment, not its command):\n"
@@ -89,6 +91,7 @@ enum {
 	OPT_STATE_DIR,
 	OPT_KILL_GRACE,
 	OPT_LISTEN_OPTIONAL,
+	OPT_LOG_FILE,
 };
 
 static const struct option options[] = {
@@ -108,6 +111,7 @@ static const struct option options[] = {
 	{"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
 	{"kill-grace", required_argument, NULL, OPT_KILL_GRACE},
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"root", required_argument, NULL, OPT_ROOT},
 	{"state-dir", required_argument, NULL, OPT_STATE_DIR},
 	{"version", no_argument, NULL, OPT_VERSION},
@@ -273,6 +277,8 @@ int main(int argc, char **argv)
 	unsigned n_listens = 0;
 	bool use_stdio = false;
 	const char *token_file = NULL;
+	const char *log_file = NULL;
+	bool log_level_given = false;
 	int opt;
 
 	/* '+': options end at the first non-option, so a workload's own options after
@@ -344,8 +350,12 @@ int main(int argc, char **argv)
 			if (l < 0)
 				die_usage("bad --log-level '%s' (want error, warn, info or debug)", optarg);
 			log_max_level = (enum log_level)l;
+			log_level_given = true;
 			break;
 		}
+		case OPT_LOG_FILE:
+			log_file = optarg;
+			break;
 		case OPT_ROOT:
 			s.cfg.root = optarg;
 			break;
@@ -365,6 +375,15 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (log_file != NULL && log_open_file(log_file) < 0) {
+		fprintf(stderr, "sandbox-shim: --log-file %s: %s\n", log_file, strerror(errno));
+		return 1;
+	}
+	/* PID 1 with a workload: the container's stderr (and terminal) are the workload's,
+	 * so the shim's own lines there are warnings and errors only, unless asked */
+	if (!log_level_given && log_file == NULL && getpid() == 1 && optind > 1 && optind < argc &&
+	    strcmp(argv[optind - 1], "--") == 0)
+		log_max_level = LOG_WARN;
 	/* a --stdio shim serves its one client: `podman exec -i CTR sandbox-shim --stdio` gets
 	 * the container's environment too, and must not listen where PID 1 already does */
 	if (!use_stdio)
@@ -382,6 +401,8 @@ int main(int argc, char **argv)
 	} else if (optind < argc) {
 		die_usage("unexpected argument '%s' (a workload goes after '--')", argv[optind]);
 	}
+	if (workload != NULL)
+		init_hold_signals();
 	if (!use_stdio && n_listens == 0 && workload == NULL)
 		die_usage("nothing to serve: give --stdio or --listen ADDR (or a workload after '--')");
 	/* the environment's token file, where a listener may need it (--stdio never does) */

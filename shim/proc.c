@@ -812,3 +812,11 @@ void proc_signal_all(int sig)
 	for (struct proc *p = tab.live; p != NULL; p = p->lnext)
 		proc_kill(p, sig, false);
 }
+
+unsigned proc_groups(pid_t *pgids, unsigned max)
+{
+	unsigned n = 0;
+	for (struct proc *p = tab.live; p != NULL && n < max; p = p->lnext)
+		pgids[n++] = p->pid; /* each command leads its own session and group */
+	return n;
+}

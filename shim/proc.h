@@ -167,5 +167,7 @@ void exec_send_started(struct stream *st, const struct proc *p);
 unsigned proc_running(void);
 /* Send sig to every running process group the shim started. */
 void proc_signal_all(int sig);
+/* The process groups of the running commands (at most max of them); their number. */
+unsigned proc_groups(pid_t *pgids, unsigned max);
 
 #endif

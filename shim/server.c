@@ -73,15 +73,13 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	}
 }
 
+/* Without a workload; with one, init.c reads every signal (SIGTERM still ends up in
+ * server_shutdown(), SIGINT is the workload's). */
 static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	struct server *s = srv;
-	/* with a workload, SIGINT is the workload's (forwarded); SIGTERM stops everything */
-	if (w->signum == SIGINT && init_forward_sigint(s))
-		return;
-	server_shutdown(s, w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
+	server_shutdown(srv, w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
 static void shutdown_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -154,6 +152,18 @@ int server_add_listener(struct server *s, struct listener *l)
 	return 0;
 }
 
+/* Shutdown, once the workload (if any) has exited: SIGTERM to every child (commands,
+ * orphans, what the workload left; as PID 1 every process) but those that had one,
+ * SIGKILL after the kill grace. */
+static void shutdown_children(struct server *s)
+{
+	/* ---- mounts: flushed and unmounted first (rclone would get the TERM too; a
+	 * workload may use them to its end); the children's TERM follows when they are
+	 * done (bounded by the shutdown timeout) ---- */
+	if (!mount_shutdown_begin(s, init_shutdown_begin))
+		init_shutdown_begin(s);
+}
+
 void server_shutdown(struct server *s, const char *why)
 {
 	if (s->shutting_down)
@@ -162,13 +172,11 @@ void server_shutdown(struct server *s, const char *why)
 	log_info("shutting down (%s)", why);
 	for (unsigned i = 0; i < s->n_listeners; i++)
 		listener_close(s->listeners[i]);
-	/* SIGTERM to every child first (commands, the workload, orphans; as PID 1 every
-	 * process), SIGKILL after the kill grace: so that commands ended by their
-	 * stream's cancel below have had the TERM too */
-	/* ---- mounts: flushed and unmounted first (rclone would get the TERM too); the
-	 * children's TERM follows when they are done (bounded by the shutdown timeout) ---- */
-	if (!mount_shutdown_begin(s, init_shutdown_begin))
-		init_shutdown_begin(s);
+	/* A workload first gets its SIGTERM and all the time it takes (the shim's
+	 * commands get theirs too, and SIGKILL after the kill grace); then, or at once
+	 * without one, shutdown_children(): so that commands ended by their stream's
+	 * cancel below have had the TERM too */
+	init_shutdown_workload(s, shutdown_children);
 	/* Streams of running commands stay open through the grace period, so that a
 	 * command ending on the TERM reports its real exit status; the rest end now.
 	 * prepare_cb closes the connections once no command runs (after the TERM, or

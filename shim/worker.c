@@ -8,8 +8,11 @@
 #include <signal.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#ifndef IDLE_EXIT_SECONDS /* the unit test builds the pool with a shorter one */
 #define IDLE_EXIT_SECONDS 30
+#endif
 
 static struct {
 	pthread_mutex_t mu;
@@ -28,11 +31,32 @@ static struct {
 
 #define INTERRUPT_SIGNAL SIGURG
 static sigset_t interrupt_set;
+static void (*foreign_fn)(int sig);
 
-static void interrupt_handler(int sig)
+/* Ours: worker_interrupt()'s (or a helper thread's) pthread_kill, a tgkill from this
+ * process. Anything else is a SIGURG sent to the process (kill -URG), which lands in
+ * whichever thread lets it in: not an interrupt, and not to be lost. */
+static bool foreign(const siginfo_t *si)
 {
-	/* nothing: being delivered without SA_RESTART is what makes the syscall return */
-	(void)sig;
+	return !(si->si_code == SI_TKILL && si->si_pid == getpid()) && si->si_code != SI_KERNEL;
+}
+
+static void interrupt_handler(int sig, siginfo_t *si, void *uc)
+{
+	(void)uc;
+	/* ours: nothing to do, being delivered without SA_RESTART is what makes the
+	 * syscall return (a foreign one does that too: the jobs retry on EINTR unless
+	 * they were cancelled) */
+	int e = errno;
+	void (*fn)(int) = __atomic_load_n(&foreign_fn, __ATOMIC_ACQUIRE);
+	if (fn != NULL && foreign(si))
+		fn(sig);
+	errno = e;
+}
+
+void worker_on_foreign_signal(void (*fn)(int sig))
+{
+	__atomic_store_n(&foreign_fn, fn, __ATOMIC_RELEASE);
 }
 
 static void *worker_main(void *arg)
@@ -46,7 +70,7 @@ static void *worker_main(void *arg)
 			if (pool.threads > pool.min_threads) {
 				/* a thread added under load goes away after a quiet spell */
 				struct timespec ts;
-				clock_gettime(CLOCK_REALTIME, &ts);
+				clock_gettime(CLOCK_MONOTONIC, &ts);
 				ts.tv_sec += IDLE_EXIT_SECONDS;
 				expired = pthread_cond_timedwait(&pool.cv, &pool.mu, &ts) == ETIMEDOUT &&
 					  pool.queue == NULL && pool.threads > pool.min_threads;
@@ -79,8 +103,11 @@ static void *worker_main(void *arg)
 		pthread_mutex_lock(&pool.mu);
 		w->state = WORK_FINISHED;
 		struct timespec zero = {0, 0};
-		while (sigtimedwait(&interrupt_set, NULL, &zero) > 0)
-			;
+		siginfo_t si;
+		void (*fn)(int) = __atomic_load_n(&foreign_fn, __ATOMIC_ACQUIRE);
+		while (sigtimedwait(&interrupt_set, &si, &zero) > 0)
+			if (fn != NULL && foreign(&si))
+				fn(si.si_signo);
 		w->next = NULL;
 		*pool.done_tail = w;
 		pool.done_tail = &w->next;
@@ -137,9 +164,17 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 {
 	sigemptyset(&interrupt_set);
 	sigaddset(&interrupt_set, INTERRUPT_SIGNAL);
-	struct sigaction sa = {.sa_handler = interrupt_handler};
+	struct sigaction sa = {.sa_sigaction = interrupt_handler, .sa_flags = SA_SIGINFO};
 	sigemptyset(&sa.sa_mask);
 	sigaction(INTERRUPT_SIGNAL, &sa, NULL);
+	/* The idle timeout counts on the monotonic clock: with the realtime one, setting
+	 * the wall clock back (a guest resumed from a snapshot, NTP's first step) would keep
+	 * idle threads for as long, and setting it forward would end them at once. */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&pool.cv, &ca);
+	pthread_condattr_destroy(&ca);
 	pool.loop = loop;
 	pool.queue_tail = &pool.queue;
 	pool.done_tail = &pool.done;

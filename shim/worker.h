@@ -36,6 +36,12 @@ void worker_interrupt(struct work *w);
 /* True once worker_interrupt() was called: run() may poll it between steps. */
 bool worker_cancelled(const struct work *w);
 
+/* A SIGURG (the pool's interrupt signal) that the shim did not send itself arrives:
+ * fn(SIGURG) is called, possibly in a signal handler on any thread, so it must be
+ * async-signal-safe. For the supervised workload's signal forwarding (init.c); NULL
+ * (the default) drops such signals. */
+void worker_on_foreign_signal(void (*fn)(int sig));
+
 /* Threads running now, and jobs not finished (queued or running). */
 unsigned worker_threads(void);
 unsigned worker_pending(void);

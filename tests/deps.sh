@@ -47,6 +47,8 @@ PACKAGES=(
 	python3-venv
 	procps     # ps, pgrep, free
 	util-linux # unshare, setsid, flock
+	tini       # reference inits: it_workload runs its PID-1 checks against them too
+	dumb-init
 	tar        # GNU tar: archive compatibility tests and the backup benchmark baseline
 	zstd       # tar --zstd in the benchmark baseline
 	attr       # setfattr/getfattr: xattrs in the backup round trip

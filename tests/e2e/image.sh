@@ -21,7 +21,10 @@
 #    there); `podman stop`: SIGTERM reaches the shim's commands, mounts are flushed and
 #    unmounted, exit 0 well within the grace period.
 # 5. a workload as the image's CMD: supervised, its exit status is the container's; vsock
-#    skipped without /dev/vsock, listened on with it.
+#    skipped without /dev/vsock, listened on with it. `podman run -it` with an interactive
+#    bash driven through a pseudo-terminal: it reads the terminal, ^Z/fg/^C on its job, its
+#    exit status, no line of the shim's on the terminal; `podman stop` of a workload that
+#    stops on SIGQUIT (a stand-in for nginx, --stop-signal SIGQUIT) drains and exits 0.
 # 6. TCP told by the environment: SANDBOX_SHIM_LISTEN=tcp:0.0.0.0:7070 and SANDBOX_SHIM_TOKEN_FILE
 #    (a read-only bind-mounted token file), the port published on a kernel-chosen host port of
 #    127.0.0.1: a ping and a file round trip from the host through the Python package
@@ -68,6 +71,7 @@ C2=sbx-e2e-$RUN-workload
 C3=sbx-e2e-$RUN-subreaper
 C4=sbx-e2e-$RUN-tcp
 C5=sbx-e2e-$RUN-tcp-no-token
+C6=sbx-e2e-$RUN-quit
 W=$(mktemp -d /tmp/sbx-e2e.XXXXXX)
 LOCKS=/run/lock
 [ -d "$LOCKS" ] && [ -w "$LOCKS" ] || LOCKS=/tmp
@@ -550,10 +554,90 @@ if [ -e /dev/vsock ]; then
 	# where the runtime provides /dev/vsock, the listener is there (a kernel-chosen port here:
 	# a plain container's vsock is the host's)
 	out=$(podman run --rm --pull=never --network=none --device /dev/vsock \
-		--entrypoint '["/usr/local/bin/sandbox-shim","--listen-optional","vsock:-1:4294967295","--"]' \
+		--entrypoint '["/usr/local/bin/sandbox-shim","--listen-optional","vsock:-1:4294967295","--log-level","info","--"]' \
 		"$IMG" true 2>&1)
 	want_eq "$?" 0 "the shim with /dev/vsock"
 	want_in "$out" "listening on vsock:-1:4294967295" "vsock listener with /dev/vsock"
+fi
+
+# podman run -it: the shell is the terminal's foreground and reads it (no SIGTTIN stop), job
+# control works inside it, and the shim (PID 1, quiet by default) writes nothing there
+if out=$(timeout -k 5 180 python3 - "$IMG" 2>&1 <<'EOF'
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("podman", ["podman", "run", "-it", "--rm", "--pull=never", "--network=none", sys.argv[1],
+                         "bash", "--norc", "--noprofile", "-i"])
+seen = b""
+def expect(want, secs=60):
+    global seen
+    end = time.time() + secs
+    while want not in seen:
+        left = end - time.time()
+        r = select.select([fd], [], [], left)[0] if left > 0 else []
+        data = b""
+        if r:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                pass
+        if not data:
+            sys.exit("no %r on the terminal; it shows: %r" % (want, seen[-600:]))
+        seen += data
+    cut = seen.index(want) + len(want)     # what came after it is for the next expect
+    print(seen[:cut].decode(errors="replace"), end="")
+    seen = seen[cut:]
+def send(b):
+    os.write(fd, b)
+send(b"PS1='ps''1> '\n")                # the echoes of what is typed never match
+expect(b"ps1> ")
+# a job of one process (dash's vfork would leave a window where ^Z cannot stop it)
+send(b"bash -c 'while :; do echo t\"\"ick; read -t 0.2 </dev/tty; done'\n")
+expect(b"tick")
+send(b"\x1a")                           # ^Z: the job stops, bash has the terminal back
+expect(b"Stopped")
+expect(b"ps1> ")
+send(b"fg\n")
+expect(b"tick")                         # running again, in the foreground
+send(b"\x03")                           # ^C: the job ends, not bash
+expect(b"ps1> ")
+send(b"echo jc-$((6*7))\n")
+expect(b"jc-42")
+send(b"exit 3\n")
+while True:
+    try:
+        if not os.read(fd, 4096):
+            break
+    except OSError:
+        break
+_, st = os.waitpid(pid, 0)
+print("\nexit", os.waitstatus_to_exitcode(st))
+EOF
+); then
+	want_in "$out" "exit 3" "podman run -it bash: its exit status"
+	[[ "$out" != *"sandbox-shim["* ]] || fail "the shim wrote to the container's terminal: $out"
+else
+	printf '%s\n' "$out" >&2
+	fail "podman run -it with an interactive bash"
+fi
+
+# podman stop of a workload that stops on SIGQUIT (nginx's graceful stop): the shim passes
+# SIGQUIT on and waits for the drain; the container exits 0
+CTRS+=("$C6")
+if podman run -d --pull=never --name "$C6" --network=none --stop-signal SIGQUIT "$IMG" \
+	sh -c 'trap "echo quit-drain; sleep 1; echo drained; exit 0" QUIT; echo up; while :; do sleep 0.1; done' \
+	>/dev/null; then
+	for _ in $(seq 100); do
+		podman logs "$C6" 2>&1 | grep -qx up && break
+		sleep 0.1
+	done
+	stop_quickly "$C6"
+	want_eq "$(podman inspect "$C6" --format '{{.State.ExitCode}}')" 0 "exit code after podman stop with SIGQUIT"
+	logs=$(podman logs "$C6" 2>&1)
+	want_in "$logs" "quit-drain" "SIGQUIT reached the workload"
+	want_in "$logs" "drained" "the workload's drain ran to its end"
+else
+	fail "podman run $C6"
 fi
 
 # ---------------------------------------------------------------------------------------------
