@@ -405,6 +405,7 @@ class Tunnels(ShimCase):
                 self.assertEqual(r.exit_code, 0, r.stderr)
                 self.assertEqual(r.stdout.split(), [hashlib.sha256(pattern(3)).hexdigest(), str(BIG)])
                 self.assertTrue(wait_until(lambda: any(e.type == "close" for e in events), 10))
+                self.assertTrue(wait_until(lambda: "data" in got))  # the server thread stores it at EOF
                 self.assertTrue(got["data"] == pattern(4), "the bytes from inside differ")
                 close = [e for e in events if e.type == "close"][0]
                 self.assertIsNone(close.error)
@@ -728,6 +729,8 @@ class AsyncTunnels(unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(r.exit_code, 0, r.stderr)
                 self.assertEqual(r.stdout.split(), [hashlib.sha256(pattern(3)).hexdigest(), str(BIG)])
                 self.assertTrue(await async_until(lambda: any(e.type == "close" for e in events), 10))
+                # the local server's thread stores what it read once it has seen EOF
+                self.assertTrue(await async_until(lambda: "data" in got, 10))
                 self.assertTrue(got["data"] == pattern(4), "the bytes from inside differ")
                 close = [e for e in events if e.type == "close"][0]
                 self.assertEqual((close.bytes_in, close.bytes_out, close.error), (BIG, BIG, None))

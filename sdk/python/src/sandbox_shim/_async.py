@@ -24,7 +24,7 @@ from ._protocol import (
     StreamEnd,
     StreamError,
     StreamEvent,
-    make_error,
+    transport_error,
 )
 from ._sync import abort_error, closed_error, timeout_error
 from .errors import SandboxAbortError, SandboxError, SandboxTimeoutError
@@ -281,8 +281,10 @@ class AsyncEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self._apply(self.proto.fail(closed_error() if self.closed else make_error(
-                "local", getattr(e, "errno", None) or 32, f"writing to the shim failed: {e}")))
+            if self.proto.state == "hello_sent" and not self.closed:
+                return  # refused before HELLO was read: the reader reports the shim's ERROR or EOF
+            self._apply(self.proto.fail(closed_error() if self.closed else transport_error(
+                "writing to", e, 32, False)))
 
     # ---- reading ----
 
@@ -304,8 +306,8 @@ class AsyncEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self._apply(self.proto.fail(closed_error() if self.closed else make_error(
-                "local", getattr(e, "errno", None) or 104, f"reading from the shim failed: {e}")))
+            self._apply(self.proto.fail(closed_error() if self.closed else transport_error(
+                "reading from", e, 104, self.proto.state == "hello_sent")))
 
     def _apply(self, events: List[Any]) -> None:
         for ev in events:

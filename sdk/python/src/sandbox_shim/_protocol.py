@@ -64,6 +64,16 @@ def make_error(kind: str, code: int, message: str, path: Optional[bytes] = None,
     return error_class(kind, code)(message, errno=code, errno_name=name, path=p, kind=kind)
 
 
+def transport_error(what: str, e: BaseException, default: int, handshake: bool) -> SandboxError:
+    """The exception for a transport that failed under us (reading or writing): a
+    SandboxConnectionError; kind "connect" while the handshake was still going on."""
+    from .errors import SandboxConnectionError, errno_name as _name
+
+    code = getattr(e, "errno", None) or default
+    msg = f"{what} the shim failed: {getattr(e, 'strerror', None) or e}"
+    return SandboxConnectionError(msg, errno=code, errno_name=_name(code), kind="connect" if handshake else "local")
+
+
 def remote_error(e: "_pb.Error", kind: str = "remote") -> SandboxError:
     """The exception for an Error message from the shim."""
     return make_error(kind, e.errno_num, e.message or "", e.path, e.errno_name)

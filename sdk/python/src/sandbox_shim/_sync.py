@@ -27,6 +27,7 @@ from ._protocol import (
     StreamError,
     StreamEvent,
     make_error,
+    transport_error,
 )
 from .errors import SandboxAbortError, SandboxConnectionError, SandboxError, SandboxTimeoutError
 
@@ -279,9 +280,12 @@ class Engine:
                     return
 
     def _transport_failed(self, e: BaseException) -> None:
-        code = getattr(e, "errno", None) or 32
-        err = make_error("local", code, f"writing to the shim failed: {getattr(e, 'strerror', None) or e}")
         with self.lock:
+            if self.proto.state == "hello_sent" and not self.closed:
+                # the shim may have refused us before reading HELLO (PROTOCOL.md 5): its
+                # ERROR, or EOF, is what the reader will report, not our EPIPE
+                return
+            err = transport_error("writing to", e, 32, False)
             if self.closed and self.error is None:
                 err = closed_error()
             self._apply(self.proto.fail(err))
@@ -463,8 +467,8 @@ def _reader_main(engine: Any, transport: Any) -> None:
         except Exception as e:  # the transport broke (or was closed under us)
             try:
                 with engine.lock:
-                    err = closed_error() if engine.closed else make_error(
-                        "local", getattr(e, "errno", None) or 104, f"reading from the shim failed: {e}")
+                    err = closed_error() if engine.closed else transport_error(
+                        "reading from", e, 104, engine.proto.state == "hello_sent")
                     engine._apply(engine.proto.fail(err))
             except ReferenceError:
                 pass
