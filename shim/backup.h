@@ -143,6 +143,7 @@ struct rs {
 	/* the request */
 	struct fs_path dir;
 	bool merge, allow_devices;
+	bool allow_empty; /* an archive without members may restore an empty dir */
 	bool has_sha;
 	char want_sha[65];
 	bool has_from;

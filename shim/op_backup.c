@@ -780,6 +780,7 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	}
 	r->merge = q->has_mode && q->mode == SHIM__V1__RESTORE_MODE__RESTORE_MERGE;
 	r->allow_devices = q->has_allow_devices && q->allow_devices;
+	r->allow_empty = q->has_allow_empty && q->allow_empty;
 	if (q->sha256 != NULL && q->sha256[0] != '\0') {
 		size_t n = strlen(q->sha256);
 		bool ok = n == 64;

@@ -34,12 +34,22 @@
  *    race), a hard link whose target is absolute or has "..", a device node unless
  *    allow_devices, a member that would replace dir itself by a non-directory;
  *  - ENOENT: a hard link whose target is not there (not extracted yet);
- *  - EBADMSG: anything wrong with the bytes: not a tar archive, a damaged header, a
- *    member whose data is cut short, a stream that ends without the end-of-archive
- *    blocks (tar archives end with at least one zero block; libarchive alone would
- *    take a stream cut at a member boundary for a whole archive), and a sha256 that
- *    is not the expected one.
+ *  - EBADMSG: anything that is not one whole archive (below), and a sha256 that is
+ *    not the expected one.
  *  Errors carry the member's name (as in the archive) as their path.
+ *
+ * One whole archive. The stream is read by two libarchive readers: the first finds
+ * the compression and decompresses (its format "raw" hands over the bytes as they
+ * are), the second reads tar from that output, through tar_read_cb, which keeps the
+ * last bytes in view. libarchive's tar reader reports "end of archive" for a stream
+ * that stops where a header should be, for a first zero block whatever follows it,
+ * and after a header it skips without a member (a GNU volume label); it reads no
+ * further. So at its end we check ourselves that the two zero blocks of the
+ * end-of-archive marker are where the next header would be, that nothing but zeros
+ * (the padding of the last record) follows them, that the decompressor's stream
+ * ended cleanly with nothing after it, and (without allow_empty) that the archive
+ * had a member at all. A truncated archive is EBADMSG naming the offset (of the
+ * decompressed archive) and the last member read; nothing in dir changed by then.
  *
  * Replace mode (restore_swap.c) extracts into a fresh directory ".NAME.sbx-XXXXXX"
  * beside dir, in the pending-writes journal (a daemon killed meanwhile removes it at
@@ -53,9 +63,11 @@
  * new ones renamed in, one by one: still nothing changes before the archive is
  * complete and verified, but the swap itself is not atomic.
  *
- * Merge mode extracts into dir as it is: existing files are replaced, directories
- * kept; it is not atomic (a failure leaves what was extracted so far; the sha256 is
- * checked only at the end).
+ * Merge mode extracts into such a temp directory too, and once the archive is
+ * complete and verified moves its entries into dir: existing files are replaced,
+ * directories kept (restore_swap.c, ex_merge_in); then the directories' modes and
+ * times are set in dir. So a bad archive, a refused member or a wrong sha256 leave
+ * dir as it was; the merge itself is not atomic.
  *
  * Kept: modes with setuid/setgid/sticky, owners by number (as root; otherwise files
  * belong to the daemon's user), mtime and atime with nanoseconds, xattrs (those the
@@ -83,13 +95,27 @@ int ex_fail(struct ex *x, int code, const char *fmt, ...)
 }
 
 /* A libarchive failure: our input's own error (a cancel, a read error of
- * from_path) if that is what it was, else the archive is bad. */
+ * from_path) if that is what it was, else the archive is bad: named with the
+ * offset the reader had got to. */
 int ex_fail_archive(struct ex *x, const char *what)
 {
 	if (x->input_err != 0)
 		return ex_fail(x, x->input_err, "%s: %s", what, x->input_err == ECANCELED ? "cancelled" : "read");
-	const char *msg = archive_error_string(x->a);
-	return ex_fail(x, EBADMSG, "%s: %s", what, msg ? msg : "damaged archive");
+	struct archive *ar = x->a != NULL ? x->a : x->in;
+	const char *msg = ar != NULL ? archive_error_string(ar) : NULL;
+	if (msg == NULL)
+		msg = "damaged or cut short";
+	if (x->in_failed || x->a == NULL) {
+		/* the stream as received: the offset is of its bytes (where the
+		 * decompressor got to; before it is set up, how much it had read) */
+		long long off = x->in != NULL ? (long long)archive_filter_bytes(x->in, -1) : -1;
+		if (off < 0)
+			return ex_fail(x, EBADMSG, "%s at offset %llu of the stream or before: %s", what,
+				       (unsigned long long)x->r->stream_bytes, msg);
+		return ex_fail(x, EBADMSG, "%s at offset %lld of the stream: %s", what, off, msg);
+	}
+	return ex_fail(x, EBADMSG, "%s at offset %lld%s: %s", what, (long long)archive_filter_bytes(x->a, 0),
+		       x->compressed ? " (decompressed)" : "", msg);
 }
 
 bool ex_cancelled(struct ex *x)
@@ -133,18 +159,157 @@ static la_ssize_t read_cb(struct archive *a, void *ud, const void **buf)
 	return n;
 }
 
+/* The tar reader's input: the decompressor's output, a block at a time. The
+ * block handed over and the last KiB before it stay in view (blk, before): the
+ * checks at the end look at what the tar reader saw there. */
+static void keep_before(struct ex *x)
+{
+	size_t n = x->blk_len, cap = sizeof(x->before);
+	if (n >= cap) {
+		memcpy(x->before, x->blk + n - cap, cap);
+		x->before_len = cap;
+	} else if (n > 0) {
+		size_t keep = x->before_len < cap - n ? x->before_len : cap - n;
+		memmove(x->before, x->before + x->before_len - keep, keep);
+		memcpy(x->before + keep, x->blk, n);
+		x->before_len = keep + n;
+	}
+	x->blk_off += n;
+	x->blk = NULL;
+	x->blk_len = 0;
+}
+
+static la_ssize_t tar_read_cb(struct archive *a, void *ud, const void **buf)
+{
+	struct ex *x = ud;
+	keep_before(x);
+	while (!x->in_eof) {
+		const void *p;
+		size_t n;
+		la_int64_t off;
+		int rc = archive_read_data_block(x->in, &p, &n, &off);
+		if (rc == ARCHIVE_EOF)
+			break;
+		if (rc < ARCHIVE_WARN) {
+			x->in_failed = true;
+			const char *msg = archive_error_string(x->in);
+			archive_set_error(a, EBADMSG, "%s stream: %s", archive_filter_name(x->in, 0),
+					  msg != NULL ? msg : "damaged or cut short");
+			return -1;
+		}
+		if (n == 0)
+			continue;
+		/* the pointer goes on as it is: uncompressed, it is into the stream's
+		 * ring, where the file writer may write from (rs_ring_offset) */
+		x->blk = p;
+		x->blk_len = n;
+		*buf = p;
+		return (la_ssize_t)n;
+	}
+	x->in_eof = true;
+	return 0;
+}
+
+/* Byte off of the decompressed archive, if it is still in view; else -1. */
+static int arch_byte(const struct ex *x, uint64_t off)
+{
+	if (off >= x->blk_off && off - x->blk_off < x->blk_len)
+		return x->blk[off - x->blk_off];
+	if (off < x->blk_off && x->blk_off - off <= x->before_len)
+		return x->before[x->before_len - (size_t)(x->blk_off - off)];
+	return -1;
+}
+
+/* The 512-byte block at off is in view and all zeros. */
+static bool zero_block(const struct ex *x, uint64_t off)
+{
+	for (uint64_t o = off; o < off + 512; o++)
+		if (arch_byte(x, o) != 0)
+			return false;
+	return true;
+}
+
+/* The tar reader said "end of archive": the end-of-archive marker (two zero blocks)
+ * must be where it looked for the next header, then only zeros to the end of the
+ * decompressed stream. last names the last member read (NULL: none). */
+static int check_end(struct ex *x, const char *last)
+{
+	uint64_t h = (uint64_t)archive_read_header_position(x->a);
+	uint64_t e = (uint64_t)archive_filter_bytes(x->a, 0);
+	const char *z = x->compressed ? " (decompressed)" : "";
+	if (e == h)
+		return ex_fail(x, EBADMSG,
+			       "truncated archive: it ends at offset %llu%s %s, without the end-of-archive blocks",
+			       (unsigned long long)h, z, last != NULL ? "after this member" : "before any member");
+	if (!zero_block(x, h))
+		/* a header the reader skipped (a GNU volume label) or began, then the end */
+		return ex_fail(x, EBADMSG, "truncated archive: no member follows the header at offset %llu%s",
+			       (unsigned long long)h, z);
+	if (e < h + 1024 || !zero_block(x, h + 512)) {
+		bool more = arch_byte(x, h + 512) >= 0 || !x->in_eof;
+		if (more)
+			return ex_fail(
+				x, EBADMSG,
+				"a lone zero block at offset %llu%s, followed by data: not an end-of-archive marker",
+				(unsigned long long)h, z);
+		return ex_fail(x, EBADMSG, "truncated archive: one end-of-archive block at offset %llu%s, not two",
+			       (unsigned long long)h, z);
+	}
+	/* the rest of the block in view, then whatever the decompressor still has
+	 * (errors from here on are the stream's, not the last member's) */
+	x->member = NULL;
+	uint64_t end = x->blk_off + x->blk_len;
+	for (uint64_t o = e; o < end; o++) {
+		int c = arch_byte(x, o);
+		if (c != 0)
+			return ex_fail(x, EBADMSG, "data after the end of the archive at offset %llu%s",
+				       (unsigned long long)o, z);
+	}
+	while (!x->in_eof) {
+		const void *p;
+		size_t n;
+		la_int64_t off;
+		int rc = archive_read_data_block(x->in, &p, &n, &off);
+		if (rc == ARCHIVE_EOF) {
+			x->in_eof = true;
+			break;
+		}
+		if (rc < ARCHIVE_WARN) {
+			x->in_failed = true;
+			archive_set_error(x->a, EBADMSG, "%s stream: %s", archive_filter_name(x->in, 0),
+					  archive_error_string(x->in) ? archive_error_string(x->in) :
+									"damaged or cut short");
+			return ex_fail_archive(x, "after the end of the archive");
+		}
+		const uint8_t *b = p;
+		for (size_t i = 0; i < n; i++)
+			if (b[i] != 0)
+				return ex_fail(x, EBADMSG, "data after the end of the archive at offset %llu%s",
+					       (unsigned long long)(end + i), z);
+		end += n;
+	}
+	return 0;
+}
+
 /* After the end of the archive: read the stream to its end (its sha256 covers all
- * of it), then set r->sha_hex. */
+ * of it) and set r->sha_hex. A compressed stream must end with the compressor's
+ * own end: gzip's reader stops at the first bytes after it that do not start a new
+ * member and says nothing (zstd's refuses them). */
 static int drain(struct ex *x)
 {
 	const void *buf;
 	la_ssize_t n;
-	while ((n = read_cb(x->a, x, &buf)) > 0)
+	while ((n = read_cb(x->in, x, &buf)) > 0)
 		;
 	if (n < 0)
 		return ex_fail(x, x->input_err ? x->input_err : EIO, "read the end of the stream");
 	if (x->r->has_from)
 		bk_sha_hex(&x->r->sha, x->r->sha_hex);
+	uint64_t used = (uint64_t)archive_filter_bytes(x->in, -1);
+	if (x->compressed && x->r->stream_bytes > used)
+		return ex_fail(x, EBADMSG, "%llu bytes after the end of the %s stream at offset %llu",
+			       (unsigned long long)(x->r->stream_bytes - used), archive_filter_name(x->in, 0),
+			       (unsigned long long)used);
 	return 0;
 }
 
@@ -491,19 +656,14 @@ out:
 	return rc;
 }
 
-static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
+/* Link x->tpath, resolved from base, to pfd/name. 0; 1 when the target is not
+ * there (nothing reported); -1 with the job's error. */
+static int link_from(struct ex *x, int base, int pfd, const char *name)
 {
-	size_t tlen;
-	if (normalize(x, raw, x->tpath, &tlen, "hard link target") < 0)
-		return -1;
-	if (tlen == 0)
-		return ex_fail(x, EPERM, "hard link to the directory itself refused");
-	if (tlen == x->plen && memcmp(x->tpath, x->path, tlen) == 0)
-		return 0; /* a link to itself: nothing to do */
 	/* the target's directory, walked on its own (the stack holds the member's) */
 	const char *slash = strrchr(x->tpath, '/');
 	const char *tname = slash ? slash + 1 : x->tpath;
-	int tfd = x->base;
+	int tfd = base;
 	if (slash != NULL) {
 		size_t dlen = (size_t)(slash - x->tpath);
 		for (size_t pos = 0; pos < dlen;) {
@@ -513,15 +673,16 @@ static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
 			char comp[NAME_MAX + 1];
 			memcpy(comp, x->tpath + pos, end - pos);
 			comp[end - pos] = '\0';
-			int nfd = open_dir(x, tfd, comp, false);
-			if (tfd != x->base)
+			int nfd = openat(tfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			int e = errno;
+			/* not there: the caller says so; anything else as open_dir reports it
+			 * (a symlink on the way is refused) */
+			if (nfd < 0 && e != ENOENT)
+				nfd = open_dir(x, tfd, comp, false);
+			if (tfd != base)
 				close(tfd);
-			if (nfd < 0) {
-				if (x->r->j.err.code == ENOENT)
-					snprintf(x->r->j.err.msg, sizeof(x->r->j.err.msg),
-						 "restore: hard link target %.200s was not extracted", x->tpath);
-				return -1;
-			}
+			if (nfd < 0)
+				return x->err_set ? -1 : 1;
 			tfd = nfd;
 			pos = end + 1;
 		}
@@ -534,16 +695,35 @@ static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
 			rc = -2;
 	}
 	int err = errno;
-	if (tfd != x->base)
+	if (tfd != base)
 		close(tfd);
 	if (rc == -2)
 		return -1;
 	if (rc < 0) {
 		if (err == ENOENT)
-			return ex_fail(x, ENOENT, "hard link target %.150s was not extracted", x->tpath);
+			return 1;
 		return ex_fail(x, err, "link to %.150s", x->tpath);
 	}
 	return 0;
+}
+
+static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
+{
+	size_t tlen;
+	if (normalize(x, raw, x->tpath, &tlen, "hard link target") < 0)
+		return -1;
+	if (tlen == 0)
+		return ex_fail(x, EPERM, "hard link to the directory itself refused");
+	if (tlen == x->plen && memcmp(x->tpath, x->path, tlen) == 0)
+		return 0; /* a link to itself: nothing to do */
+	int rc = link_from(x, x->base, pfd, name);
+	if (rc == 1 && x->merge_in)
+		/* merging: a link to a file that is in dir already, as if extracting there
+		 * (the file gains a link until the merge, or the temp directory goes) */
+		rc = link_from(x, x->dirfd, pfd, name);
+	if (rc == 1)
+		return ex_fail(x, ENOENT, "hard link target %.150s was not extracted", x->tpath);
+	return rc;
 }
 
 static int ex_member(struct ex *x, struct archive_entry *e)
@@ -650,36 +830,55 @@ static void read_umask(struct ex *x)
 	fclose(f);
 }
 
-static int extract(struct ex *x)
+/* The two readers: in (the stream, decompressed) and a (tar, from in's output). */
+static int open_readers(struct ex *x)
 {
-	struct rs *r = x->r;
+	struct archive *in = x->in = archive_read_new();
+	if (in == NULL)
+		return ex_fail(x, ENOMEM, "out of memory");
+	if (archive_read_support_filter_gzip(in) != ARCHIVE_OK || archive_read_support_filter_zstd(in) != ARCHIVE_OK ||
+	    archive_read_support_filter_none(in) != ARCHIVE_OK || archive_read_support_format_raw(in) != ARCHIVE_OK)
+		return ex_fail_archive(x, "set up the reader");
+	struct archive_entry *e;
+	if (archive_read_open(in, x, NULL, read_cb, NULL) != ARCHIVE_OK ||
+	    archive_read_next_header(in, &e) != ARCHIVE_OK) {
+		if (x->input_err == 0 && x->r->stream_bytes == 0)
+			return ex_fail(x, EBADMSG, "the stream ends at offset 0: an empty stream is not an archive");
+		return ex_fail_archive(x, "open the archive");
+	}
+	x->compressed = archive_filter_count(in) > 1;
 	struct archive *a = x->a = archive_read_new();
 	if (a == NULL)
 		return ex_fail(x, ENOMEM, "out of memory");
-	if (archive_read_support_format_tar(a) != ARCHIVE_OK || archive_read_support_filter_gzip(a) != ARCHIVE_OK ||
-	    archive_read_support_filter_zstd(a) != ARCHIVE_OK || archive_read_support_filter_none(a) != ARCHIVE_OK)
+	if (archive_read_support_format_tar(a) != ARCHIVE_OK || archive_read_support_filter_none(a) != ARCHIVE_OK)
 		return ex_fail_archive(x, "set up the reader");
-	if (archive_read_open(a, x, NULL, read_cb, NULL) != ARCHIVE_OK)
+	if (archive_read_open(a, x, NULL, tar_read_cb, NULL) != ARCHIVE_OK) {
+		if (!x->in_failed && x->input_err == 0 && x->in_eof && x->blk_off == 0)
+			return ex_fail(x, EBADMSG, "the %s stream holds nothing: not an archive",
+				       archive_filter_name(in, 0));
 		return ex_fail_archive(x, "open the archive");
+	}
+	return 0;
+}
+
+static int extract(struct ex *x)
+{
+	struct rs *r = x->r;
+	if (open_readers(x) < 0)
+		return -1;
+	struct archive *a = x->a;
 	const char *last = NULL;
 	char lastbuf[256];
 	for (;;) {
 		if (ex_cancelled(x))
 			return ex_fail(x, ECANCELED, "cancelled");
-		la_int64_t before = archive_filter_bytes(a, 0);
 		struct archive_entry *e;
 		int rc = archive_read_next_header(a, &e);
 		x->member = last;
-		if (rc == ARCHIVE_EOF) {
-			/* the end-of-archive zero block(s) were read (not just the data of
-			 * the last member and its padding, < 512 bytes) */
-			if (archive_filter_bytes(a, 0) - before < 512)
-				return ex_fail(x, EBADMSG,
-					       "truncated archive: it ends without the end-of-archive blocks");
+		if (rc == ARCHIVE_EOF)
 			break;
-		}
 		if (rc < ARCHIVE_WARN || rc == ARCHIVE_RETRY)
-			return ex_fail_archive(x, last ? "after this member" : "read the first header");
+			return ex_fail_archive(x, last ? "the header after this member" : "the first header");
 		if (ex_member(x, e) < 0)
 			return -1;
 		snprintf(lastbuf, sizeof(lastbuf), "%s", x->member);
@@ -687,17 +886,27 @@ static int extract(struct ex *x)
 		r->entries++;
 		__atomic_store_n(&r->j.items, r->entries, __ATOMIC_RELAXED);
 	}
+	/* errors name the last member (dir itself when there was none) */
+	if (check_end(x, last) < 0)
+		return -1;
 	x->member = NULL;
+	if (r->entries == 0 && !r->allow_empty)
+		/* a zero-filled file is such an archive: making dir empty must be asked for */
+		return ex_fail(x, EBADMSG,
+			       "the archive has no members (at offset 0 the end-of-archive blocks): "
+			       "allow_empty restores it as an empty directory");
 	if (rf_finish(x) < 0)
 		return -1;
 	if (drain(x) < 0)
 		return -1;
 	if (r->has_sha && strcmp(r->sha_hex, r->want_sha) != 0)
 		return ex_fail(x, EBADMSG, "sha256 mismatch: the stream's is %s", r->sha_hex);
+	if (x->merge_in)
+		return 0; /* the directories' modes and times are set once merged (rs_run) */
 	if (apply_fixups(x) < 0)
 		return -1;
 	x->member = NULL;
-	if (!r->merge && !x->root_seen) {
+	if (!x->root_seen) {
 		/* no "./" member: the new directory looks like the old one, or is new */
 		mode_t mode = x->existed ? (x->old.st_mode & 07777) : (0755 & ~(x->umask_known ? x->umask : 022));
 		if (x->existed && x->root && fchown(x->base, x->old.st_uid, x->old.st_gid) < 0)
@@ -706,6 +915,20 @@ static int extract(struct ex *x)
 			return ex_fail(x, errno, "chmod");
 	}
 	return 0;
+}
+
+/* Merge mode, all verified: the entries into dir, then the directories' modes and
+ * times there (deepest first, as apply_fixups does them). */
+static int merge(struct ex *x)
+{
+	if (ex_merge_in(x) < 0)
+		return -1;
+	ex_stack_close(x, 0);
+	close(x->base);
+	x->base = fcntl(x->dirfd, F_DUPFD_CLOEXEC, 0);
+	if (x->base < 0)
+		return ex_fail(x, errno, "dup");
+	return apply_fixups(x);
 }
 
 int rs_run(struct rs *r)
@@ -741,7 +964,7 @@ int rs_run(struct rs *r)
 		goto out;
 	if (extract(x) < 0)
 		goto out;
-	if (!r->merge && ex_swap_in(x) < 0)
+	if (x->merge_in ? merge(x) < 0 : ex_swap_in(x) < 0)
 		goto out;
 	rc = 0;
 out:
@@ -750,11 +973,20 @@ out:
 	ex_stack_close(x, 0);
 	if (x->a != NULL)
 		archive_read_free(x->a);
+	if (x->in != NULL)
+		archive_read_free(x->in);
 	if (x->base >= 0)
 		close(x->base);
 	x->base = -1;
 	/* failed: the temp directory goes; done: the old tree (at the temp name) goes */
+	bool inside = x->tmp_made && x->dirfd >= 0 && x->tmp_parent == x->dirfd;
 	ex_drop_tmp(x);
+	if (rc < 0 && inside && !x->touched) {
+		/* the temp directory was dir's only change: its times as they were */
+		struct timespec ts[2] = {x->old.st_atim, x->old.st_mtim};
+		if (futimens(x->dirfd, ts) < 0)
+			log_warn("restore %s: cannot set its times back: %s", r->dir.abs, strerror(errno));
+	}
 	if (x->dirfd >= 0)
 		close(x->dirfd);
 	if (x->pdfd >= 0)
@@ -765,6 +997,8 @@ out:
 	for (size_t i = 0; i < x->nfix; i++)
 		free(x->fix[i].path);
 	free(x->fix);
+	free(x->fixidx);
+	free(x->mbuf);
 	free(x);
 	if (loc != (locale_t)0)
 		uselocale(old);

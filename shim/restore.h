@@ -13,10 +13,13 @@
 
 struct archive;
 struct archive_entry;
+struct fs_dirbuf;
 struct journal_entry;
 struct rf;
 
-#define EX_STACK 128          /* open directories kept for the current path */
+#define EX_STACK \
+	128                   /* open directories kept for the current path; also how deep a
+			       * merge may go into directories both dir and the archive have */
 #define EX_NAME_MAX 16384     /* longest member name */
 #define FROM_BUF (256u << 10) /* from_path read size */
 
@@ -33,10 +36,21 @@ struct ex_level {
 
 struct ex {
 	struct rs *r;
-	struct archive *a;
-	int base; /* the directory extracted into (O_RDONLY) */
+	struct archive *in; /* the stream: gzip, zstd or none, read as format "raw" */
+	struct archive *a;  /* the tar reader, over in's output */
+	int base;           /* the directory extracted into (O_RDONLY) */
 	bool err_set;
-	int input_err; /* errno of our read callback's failure, 0 if none */
+	int input_err;   /* errno of our read callback's failure, 0 if none */
+	bool in_failed;  /* in failed to decompress (its error is in a's) */
+	bool in_eof;     /* in has given all of its output */
+	bool compressed; /* in has a filter other than "none" */
+	/* the archive as the tar reader got it (decompressed): the block it has now,
+	 * at offset blk_off, and the last up to 1 KiB before it, for the end checks */
+	const uint8_t *blk;
+	size_t blk_len;
+	uint64_t blk_off;
+	uint8_t before[1024];
+	size_t before_len;
 	/* the chain of open directories of the last parent: stk[i] is the directory
 	 * made of cur's components up to stk[i].end */
 	struct ex_level stk[EX_STACK];
@@ -65,9 +79,15 @@ struct ex {
 	int tmp_parent; /* where tmp is: pdfd, or dir itself (a mount point) */
 	int dirfd;      /* dir itself when it exists (content swap) */
 	bool existed, inplace, tmp_made;
+	bool touched; /* the swap or the merge has begun to change dir */
 	struct stat old;
 	struct journal_entry *jent;
 	struct rf *rf; /* the file writer thread (restore_files.c) */
+	/* merge mode into a directory that exists: extracted into the temp directory
+	 * like replace mode, then merged in (restore_swap.c) */
+	bool merge_in;
+	const char **fixidx; /* the directories the archive has, by path (sorted) */
+	struct fs_dirbuf *mbuf;
 };
 
 /* Fill the job's error (the first one only) naming the member being restored, or
@@ -99,13 +119,20 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created);
 int rf_finish(struct ex *x);
 void rf_free(struct ex *x);
 
-/* restore_swap.c: set up x->base, the directory to extract into (merge: dir; replace:
- * a journaled temp directory beside dir, or inside it when dir is a mount point). */
+/* restore_swap.c: set up x->base, the directory to extract into: a journaled temp
+ * directory beside dir, or inside it when dir is a mount point (or, merging, when dir
+ * is / or its parent is not ours to write). */
 int ex_prepare(struct ex *x);
-/* Replace mode, all extracted and verified: put the new tree in place. */
+/* Replace mode (and merge mode into a new directory), all extracted and verified:
+ * put the new tree in place. */
 int ex_swap_in(struct ex *x);
+/* Merge mode into an existing dir, all extracted and verified: move the temp
+ * directory's entries into dir, entering the directories both have. Checked first
+ * without changing anything (a path through a symlink in dir, a non-empty directory
+ * in the way); then done. The directories' modes and times are the caller's (after). */
+int ex_merge_in(struct ex *x);
 /* Remove the temp directory, if any, and forget its journal entry: the new tree of
- * a failed restore, or the old one after the swap. */
+ * a failed restore, or the old one after the swap, or what a merge left of it. */
 void ex_drop_tmp(struct ex *x);
 
 #endif

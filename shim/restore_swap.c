@@ -1,4 +1,4 @@
-/* restore_swap.c: a restore's target: the temp directory beside dir (journaled), the swap, the removal of the old tree. */
+/* restore_swap.c: a restore's target: the temp directory beside dir (journaled), the swap or the merge into dir, the removal of the old tree. */
 #include "backup.h"
 #include "journal.h"
 #include "log.h"
@@ -26,43 +26,27 @@ static int real_path_of(int dfd, const char *name, char *buf, size_t size)
 	return m < 0 || (size_t)m >= size ? -1 : 0;
 }
 
-/* Set up the directory to extract into. */
+/* Set up the directory to extract into: a temp directory, beside dir (or inside
+ * it), in the journal before it exists. */
 int ex_prepare(struct ex *x)
 {
 	struct rs *r = x->r;
 	struct shim_err *err = &r->j.err;
 	x->member = NULL;
-	if (r->merge) {
-		x->base = fs_open(&r->dir, O_RDONLY | O_DIRECTORY, 0, err);
-		if (x->base < 0 && err->code == ENOENT) {
-			/* a new directory (its parent must exist) */
-			int pdfd = fs_open_parent(&r->dir, x->name, err);
-			if (pdfd < 0)
-				goto fail;
-			int rc = mkdirat(pdfd, x->name, 0755);
-			close(pdfd);
-			if (rc < 0 && errno != EEXIST) {
-				err_set(err, errno, r->dir.abs, "restore: mkdir");
-				goto fail;
-			}
-			x->base = fs_open(&r->dir, O_RDONLY | O_DIRECTORY, 0, err);
-		}
-		if (x->base < 0)
-			goto fail;
-		x->sgid_possible = true; /* directories that were there may be set-group-ID */
-		return 0;
-	}
 	x->pdfd = fs_open_parent(&r->dir, x->name, err);
 	if (x->pdfd < 0)
 		goto fail;
-	if (strcmp(x->name, ".") == 0) {
+	/* "/" (or a path ending in "." or ".."): it has no name to rename; merging,
+	 * the temp directory goes inside it */
+	bool noname = strcmp(x->name, ".") == 0;
+	if (noname && !r->merge) {
 		err_set(err, EINVAL, r->dir.abs, "restore: replace needs a directory it can rename (not / or . or ..)");
 		goto fail;
 	}
 	struct stat st;
-	if (fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-		if (S_ISLNK(st.st_mode)) {
-			/* a symlink to the directory: replace what it names (within the root) */
+	if (noname || fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		if (noname || S_ISLNK(st.st_mode)) {
+			/* a symlink to the directory: restore what it names (within the root) */
 			int fd = fs_open(&r->dir, O_PATH | O_DIRECTORY, 0, err);
 			if (fd < 0)
 				goto fail;
@@ -76,7 +60,8 @@ int ex_prepare(struct ex *x)
 			x->pdfd = fs_open_parent(&q, x->name, err);
 			if (x->pdfd < 0)
 				goto fail;
-			if (strcmp(x->name, ".") == 0 || fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			noname = strcmp(x->name, ".") == 0;
+			if ((noname && !r->merge) || fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 				err_set(err, EINVAL, r->dir.abs,
 					"restore: cannot replace the directory the symlink names");
 				goto fail;
@@ -96,7 +81,7 @@ int ex_prepare(struct ex *x)
 		struct stat pst;
 		struct statx sx;
 		/* a mount point cannot be renamed: extract inside it, swap the contents */
-		x->inplace = (fstat(x->pdfd, &pst) == 0 && pst.st_dev != st.st_dev) ||
+		x->inplace = noname || (fstat(x->pdfd, &pst) == 0 && pst.st_dev != st.st_dev) ||
 			     (statx(x->pdfd, x->name, AT_SYMLINK_NOFOLLOW, 0, &sx) == 0 &&
 			      (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) &&
 			      (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT));
@@ -104,10 +89,12 @@ int ex_prepare(struct ex *x)
 		err_set(err, errno, r->dir.abs, "restore: lstat");
 		goto fail;
 	}
+	/* merging into a directory that exists; into a new one it is a replace */
+	x->merge_in = r->merge && x->existed;
 	x->tmp_parent = x->inplace ? x->dirfd : x->pdfd;
 	char path[PATH_MAX + NAME_MAX + 2];
 	for (int tries = 0;; tries++) {
-		journal_temp_name(x->name, x->tmp, sizeof(x->tmp));
+		journal_temp_name(noname ? "restore" : x->name, x->tmp, sizeof(x->tmp));
 		if (real_path_of(x->tmp_parent, x->tmp, path, sizeof(path)) < 0) {
 			err_set(err, ENAMETOOLONG, r->dir.abs, "restore: the temp directory's path");
 			goto fail;
@@ -121,6 +108,12 @@ int ex_prepare(struct ex *x)
 		int e = errno;
 		journal_remove(x->jent);
 		x->jent = NULL;
+		if ((e == EACCES || e == EPERM) && x->merge_in && x->tmp_parent != x->dirfd) {
+			/* merging into a directory of ours in one that is not: inside it */
+			x->tmp_parent = x->dirfd;
+			tries = -1;
+			continue;
+		}
 		if (e != EEXIST || tries >= 10) {
 			err_set(err, e, r->dir.abs, "restore: create the temp directory");
 			goto fail;
@@ -132,7 +125,9 @@ int ex_prepare(struct ex *x)
 		err_set(err, errno, r->dir.abs, "restore: open the temp directory");
 		goto fail;
 	}
-	if (fstat(x->base, &st) == 0)
+	if (x->merge_in)
+		x->sgid_possible = true; /* directories that are there may be set-group-ID */
+	else if (fstat(x->base, &st) == 0)
 		x->sgid_possible = (st.st_mode & S_ISGID) != 0;
 	return 0;
 fail:
@@ -216,11 +211,34 @@ static int move_new(struct ex *x, int dfd, const char *name)
 	return 0;
 }
 
+/* Give the directory to the owner and xattrs of from (the owner as root only). */
+static void copy_owner_xattrs(struct ex *x, int from, int to)
+{
+	struct stat st, tst;
+	if (x->root && fstat(from, &st) == 0 && fstat(to, &tst) == 0 &&
+	    (st.st_uid != tst.st_uid || st.st_gid != tst.st_gid) && fchown(to, st.st_uid, st.st_gid) < 0)
+		ex_chown_failed(x, errno);
+	if (flistxattr(from, NULL, 0) <= 0)
+		return;
+	char *list = malloc(XATTR_LIST_MAX), *val = malloc(XATTR_SIZE_MAX);
+	ssize_t n = list != NULL && val != NULL ? flistxattr(from, list, XATTR_LIST_MAX) : -1;
+	for (ssize_t off = 0; off < n;) {
+		const char *key = list + off;
+		off += (ssize_t)strlen(key) + 1;
+		ssize_t v = fgetxattr(from, key, val, XATTR_SIZE_MAX);
+		if (v >= 0 && fsetxattr(to, key, val, (size_t)v, 0) < 0 && !ex_xattr_skippable(errno))
+			log_warn("restore %s: xattr %s: %s", x->r->dir.abs, key, strerror(errno));
+	}
+	free(list);
+	free(val);
+}
+
 /* The swap when dir cannot be renamed: empty it, move the new entries in, give it
  * the new root's owner, mode, xattrs and times, remove the temp directory. */
 static int swap_contents(struct ex *x)
 {
 	log_info("restore %s: swapping the contents (the directory cannot be renamed)", x->r->dir.abs);
+	x->touched = true;
 	if (each_entry(x, x->dirfd, x->inplace ? x->tmp : NULL, remove_old) < 0)
 		return -1;
 	if (each_entry(x, x->base, NULL, move_new) < 0)
@@ -228,19 +246,7 @@ static int swap_contents(struct ex *x)
 	struct stat st;
 	if (fstat(x->base, &st) < 0)
 		return ex_fail(x, errno, "stat");
-	if (x->root && fchown(x->dirfd, st.st_uid, st.st_gid) < 0)
-		ex_chown_failed(x, errno);
-	char *list = malloc(XATTR_LIST_MAX), *val = malloc(XATTR_SIZE_MAX);
-	ssize_t n = list != NULL && val != NULL ? flistxattr(x->base, list, XATTR_LIST_MAX) : -1;
-	for (ssize_t off = 0; off < n;) {
-		const char *key = list + off;
-		off += (ssize_t)strlen(key) + 1;
-		ssize_t v = fgetxattr(x->base, key, val, XATTR_SIZE_MAX);
-		if (v >= 0 && fsetxattr(x->dirfd, key, val, (size_t)v, 0) < 0 && !ex_xattr_skippable(errno))
-			log_warn("restore %s: xattr %s: %s", x->r->dir.abs, key, strerror(errno));
-	}
-	free(list);
-	free(val);
+	copy_owner_xattrs(x, x->base, x->dirfd);
 	if (fchmod(x->dirfd, st.st_mode & 07777) < 0)
 		return ex_fail(x, errno, "chmod");
 	struct timespec ts[2] = {st.st_atim, st.st_mtim};
@@ -273,4 +279,252 @@ int ex_swap_in(struct ex *x)
 		return 0;
 	}
 	return swap_contents(x);
+}
+
+/* ---- merge ---- */
+
+/*
+ * The temp directory holds what the archive makes, dir what is there. Each entry of
+ * the temp directory is renamed into dir over what has its name there (a file, a
+ * symlink, an empty directory; a directory over a non-directory only if the archive
+ * has that directory as a member: one it only has names below is on their path, and
+ * dir's symlink or file there refuses them, EPERM or ENOTDIR, as extracting into dir
+ * would). A directory both have is entered and merged the same way, then the temp
+ * one removed. A first walk changes nothing and fails where the second would, so a
+ * refusal leaves dir as it was; the second moves (what lands on another filesystem
+ * mounted in dir is copied). Both walks keep one level per directory both have, at
+ * most EX_STACK deep, each with its two fds.
+ */
+
+struct mlevel {
+	struct fs_dirpos d; /* the temp directory's level */
+	int tfd;            /* the same directory in dir (O_RDONLY) */
+	size_t plen;        /* x->path's length at this level: the path of the directory */
+	bool moved;         /* an entry went in this reading */
+	int passes;
+};
+
+static int path_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The archive has a directory member at x->path (not only names below it). */
+static bool explicit_dir(const struct ex *x)
+{
+	const char *key = x->path;
+	return x->fixidx != NULL && bsearch(&key, x->fixidx, x->nfix, sizeof(*x->fixidx), path_cmp) != NULL;
+}
+
+/* x->path: the level's path (len) and name. */
+static int path_set(struct ex *x, size_t len, const char *name)
+{
+	size_t n = strlen(name), o = len + (len > 0);
+	if (o + n > EX_NAME_MAX)
+		return ex_fail(x, ENAMETOOLONG, "path too long");
+	if (len > 0)
+		x->path[len] = '/';
+	memcpy(x->path + o, name, n + 1);
+	x->plen = o + n;
+	x->member = x->path;
+	return 0;
+}
+
+static void path_cut(struct ex *x, size_t len)
+{
+	x->path[len] = '\0';
+	x->plen = len;
+	x->member = x->path;
+}
+
+/* EEXIST unless tfd/name is an empty directory. */
+static int empty_dir(struct ex *x, int tfd, const char *name)
+{
+	int fd = openat(tfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return ex_fail(x, errno, "open directory");
+	struct fs_dirpos d = {.fd = fd, .next = 0};
+	const char *n;
+	unsigned char type;
+	int got = fs_dir_next(x->mbuf, &d, &n, &type);
+	int e = errno;
+	fs_dir_forget(x->mbuf, fd);
+	close(fd);
+	if (got < 0)
+		return ex_fail(x, e, "read directory");
+	if (got > 0)
+		return ex_fail(x, EEXIST, "a non-empty directory is in the way");
+	return 0;
+}
+
+/* Move l's entry name (in x->path) into dir; s is its lstat. */
+static int move_in(struct ex *x, struct mlevel *l, const char *name, const struct stat *s)
+{
+	if (renameat(l->d.fd, name, l->tfd, name) == 0) {
+		l->moved = true;
+		return 0;
+	}
+	if (errno != EXDEV)
+		return ex_fail(x, errno, "move into place");
+	/* a filesystem mounted in dir: a copy (built beside, renamed in), then ours goes */
+	struct shim_err e;
+	struct fs_copy_stats stats = {0, 0};
+	if (fs_copy_entry(l->d.fd, name, -1, s, l->tfd, name, 0, &stats, x->path, x->path, &e) < 0)
+		return ex_fail(x, e.code, "copy onto another filesystem: %s", e.msg);
+	int rc = S_ISDIR(s->st_mode) ? fs_remove_tree(l->d.fd, name, false, x->r->dir.abs, &e) :
+				       unlinkat(l->d.fd, name, 0);
+	if (rc < 0)
+		return ex_fail(x, S_ISDIR(s->st_mode) ? e.code : errno, "remove the copied temp entry");
+	l->moved = true;
+	return 0;
+}
+
+/* One entry of level l (its name last in x->path): checked (dry), or merged. 1 when
+ * it is a directory both have: *child is its level, to walk. */
+static int merge_entry(struct ex *x, struct mlevel *l, const char *name, bool dry, size_t depth, struct mlevel *child)
+{
+	struct stat s, t;
+	if (fstatat(l->d.fd, name, &s, AT_SYMLINK_NOFOLLOW) < 0)
+		return ex_fail(x, errno, "lstat");
+	bool has_t = fstatat(l->tfd, name, &t, AT_SYMLINK_NOFOLLOW) == 0;
+	if (!has_t && errno != ENOENT)
+		return ex_fail(x, errno, "lstat");
+	if (has_t && depth == 1 && x->tmp_parent == x->dirfd && strcmp(name, x->tmp) == 0)
+		return ex_fail(x, EEXIST, "a member has the temp directory's name");
+	bool sdir = S_ISDIR(s.st_mode), tdir = has_t && S_ISDIR(t.st_mode);
+	if (sdir && tdir) {
+		if (depth >= EX_STACK)
+			return ex_fail(x, ENAMETOOLONG, "directories nested over %d deep both in dir and the archive",
+				       EX_STACK);
+		int cs = openat(l->d.fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (cs < 0)
+			return ex_fail(x, errno, "open the temp directory");
+		int ct = openat(l->tfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (ct < 0) {
+			int e = errno;
+			close(cs);
+			return ex_fail(x, e, "open directory");
+		}
+		*child = (struct mlevel){.d = {.fd = cs, .next = 0}, .tfd = ct, .plen = x->plen};
+		return 1;
+	}
+	if (sdir && has_t && !explicit_dir(x)) {
+		if (S_ISLNK(t.st_mode))
+			return ex_fail(x, EPERM, "the path goes through the symlink %s: refused", name);
+		return ex_fail(x, ENOTDIR, "%s on the path is not a directory", name);
+	}
+	if (tdir && dry)
+		return empty_dir(x, l->tfd, name);
+	if (dry)
+		return 0;
+	x->touched = true;
+	if (tdir && unlinkat(l->tfd, name, AT_REMOVEDIR) < 0) {
+		if (errno == ENOTEMPTY || errno == EEXIST)
+			return ex_fail(x, EEXIST, "a non-empty directory is in the way");
+		return ex_fail(x, errno, "remove what is in the way");
+	}
+	/* rename(2) puts a directory over a directory only */
+	if (sdir && has_t && unlinkat(l->tfd, name, 0) < 0 && errno != ENOENT)
+		return ex_fail(x, errno, "remove what is in the way");
+	return move_in(x, l, name, &s);
+}
+
+static int merge_walk(struct ex *x, bool dry)
+{
+	struct mlevel lv[EX_STACK + 1];
+	size_t n = 0;
+	int rootfd = openat(x->base, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		return ex_fail(x, errno, "open the temp directory");
+	lv[n++] = (struct mlevel){.d = {.fd = rootfd, .next = 0}, .tfd = x->dirfd, .plen = 0};
+	path_cut(x, 0);
+	int rc = 0;
+	while (n > 0) {
+		struct mlevel *l = &lv[n - 1];
+		const char *name;
+		unsigned char type;
+		int got = fs_dir_next(x->mbuf, &l->d, &name, &type);
+		if (got < 0) {
+			rc = ex_fail(x, errno, "read the temp directory");
+			break;
+		}
+		if (got > 0) {
+			/* the name is copied into x->path: the buffer serves every level */
+			if (path_set(x, l->plen, name) < 0) {
+				rc = -1;
+				break;
+			}
+			struct mlevel child;
+			int r = merge_entry(x, l, x->path + l->plen + (l->plen > 0), dry, n, &child);
+			if (r < 0) {
+				rc = -1;
+				break;
+			}
+			if (r == 1)
+				lv[n++] = child;
+			else
+				path_cut(x, l->plen);
+			continue;
+		}
+		/* read again while that moves something: positions may shift as entries go
+		 * (tmpfs before Linux 6.6), so some may have been passed over */
+		if (l->moved && l->passes < 1000) {
+			l->moved = false;
+			l->passes++;
+			if (fs_dir_rewind(x->mbuf, &l->d) < 0) {
+				rc = ex_fail(x, errno, "lseek");
+				break;
+			}
+			continue;
+		}
+		if (n == 1)
+			break;
+		/* a directory both have, merged: the archive's owner and xattrs for it
+		 * (its mode and times come after), and the temp one goes */
+		path_cut(x, l->plen);
+		if (!dry && explicit_dir(x))
+			copy_owner_xattrs(x, l->d.fd, l->tfd);
+		fs_dir_forget(x->mbuf, l->d.fd);
+		close(l->d.fd);
+		close(l->tfd);
+		n--;
+		struct mlevel *up = &lv[n - 1];
+		if (!dry) {
+			if (unlinkat(up->d.fd, x->path + up->plen + (up->plen > 0), AT_REMOVEDIR) < 0) {
+				rc = ex_fail(x, errno, "remove the merged temp directory");
+				break;
+			}
+			up->moved = true;
+		}
+		path_cut(x, up->plen);
+	}
+	for (; n > 0; n--) {
+		fs_dir_forget(x->mbuf, lv[n - 1].d.fd);
+		close(lv[n - 1].d.fd);
+		if (n > 1)
+			close(lv[n - 1].tfd);
+	}
+	return rc;
+}
+
+int ex_merge_in(struct ex *x)
+{
+	x->mbuf = malloc(sizeof(*x->mbuf));
+	if (x->mbuf == NULL)
+		return ex_fail(x, ENOMEM, "out of memory");
+	x->mbuf->fd = -1;
+	if (x->nfix > 0) {
+		x->fixidx = malloc(x->nfix * sizeof(*x->fixidx));
+		if (x->fixidx == NULL)
+			return ex_fail(x, ENOMEM, "out of memory");
+		for (size_t i = 0; i < x->nfix; i++)
+			x->fixidx[i] = x->fix[i].path;
+		qsort(x->fixidx, x->nfix, sizeof(*x->fixidx), path_cmp);
+	}
+	if (merge_walk(x, true) < 0 || merge_walk(x, false) < 0)
+		return -1;
+	x->member = NULL;
+	if (x->root_seen)
+		copy_owner_xattrs(x, x->base, x->dirfd);
+	return 0;
 }

@@ -8,6 +8,8 @@
 #   3. build/         RelWithDebInfo, -Werror, then ctest
 #   4. build-asan/    Debug, ASan+UBSan, then ctest        (skipped with SBX_SKIP_ASAN=1)
 #   5. build-static/  the daemon linked fully statically, checked to have no dynamic dependencies
+#   6. build-fuzz/    the libFuzzer targets (clang), each run for SBX_FUZZ_SECONDS (60) on a copy
+#                     of its corpus                     (skipped with SBX_SKIP_FUZZ=1)
 #
 # A failing section does not stop the later ones; the script exits non-zero if any failed.
 set -uo pipefail
@@ -177,6 +179,81 @@ if static_check; then
 	ok "static"
 else
 	fail "static"
+fi
+
+# ---- 6. fuzzing (issue 16) ----
+# ctest replays each fuzz target's corpus in the builds above (fuzz_replay, fuzz_rx_replay,
+# fuzz_restore_replay); here the libFuzzer build (clang, ASan+UBSan) mutates from those seeds
+# for a while. Each target works on a copy of its corpus in a fresh directory (on tmpfs when
+# there is one: the restore target's journal fsyncs), so the tree stays clean. A crash, a leak,
+# a timeout, a harness abort (a broken invariant) or an exit status other than 0 fails the
+# section; the input that did it is kept there, its path and base64 printed.
+FUZZ_TARGETS=(fuzz_conn:corpus fuzz_rx:corpus_rx fuzz_restore:corpus_restore)
+
+# fuzz_one NAME CORPUS SECONDS: run build-fuzz/tests/fuzz/NAME on a copy of tests/fuzz/CORPUS.
+fuzz_one()
+{
+	local name=$1 corpus=$2 secs=$3 work log rc art seeds
+	work=$(mktemp -d "$fuzz_tmp/$name.XXXXXX")
+	mkdir "$work/corpus" "$work/tmp"
+	seeds=("$ROOT/tests/fuzz/$corpus"/*)
+	cp "${seeds[@]}" "$work/corpus/"
+	log=$work/libfuzzer.log
+	section "fuzz: $name for $secs s on tests/fuzz/$corpus (${#seeds[@]} inputs)"
+	# the harness's own scratch directories go to $work/tmp as well
+	TMPDIR=$work/tmp UBSAN_OPTIONS=print_stacktrace=1 "build-fuzz/tests/fuzz/$name" \
+		-max_total_time="$secs" -timeout=25 -rss_limit_mb=4096 -print_final_stats=1 \
+		-artifact_prefix="$work/" "$work/corpus" >"$log" 2>&1
+	rc=$?
+	grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)' "$log"
+	grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' "$log"
+	if [ "$rc" -eq 0 ] && ! grep -qE '^==[0-9]+==ERROR|^SUMMARY: ' "$log"; then
+		# "#123456 DONE cov: 513 ft: 1473 corp: 264/639Kb lim: ... exec/s: 6500 rss: 331Mb"
+		local done_line runs eps
+		done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
+		runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log")
+		eps=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+).*/\1/p' "$log")
+		echo "$name: ${runs:-?} runs in $secs s, ${eps:-?} exec/s, $(grep -oE 'cov: [0-9]+ ft: [0-9]+' <<<"$done_line")"
+		rm -rf "$work"
+		return 0
+	fi
+	echo "$name: FAILED (exit status $rc); the end of libFuzzer's log ($log):"
+	tail -n 80 "$log"
+	for art in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* "$work"/slow-unit-*; do
+		[ -f "$art" ] || continue
+		echo "$name: crashing input saved as $art ($(stat -c %s "$art") bytes)"
+		echo "$name: replay it with: build-fuzz/tests/fuzz/$name $art"
+		echo "$name: its base64 (first 64 KiB): $(head -c 65536 "$art" | base64 -w0)"
+	done
+	return 1
+}
+
+fuzz_section()
+{
+	local secs=${SBX_FUZZ_SECONDS:-60} t status=0
+	section "fuzz: configure (build-fuzz, clang)"
+	CC=clang cmake -S "$ROOT" -B build-fuzz -DSHIM_FUZZ=ON -DSHIM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo ||
+		return 1
+	section "fuzz: build (${FUZZ_TARGETS[*]%%:*})"
+	cmake --build build-fuzz -j"$JOBS" --target "${FUZZ_TARGETS[@]%%:*}" || return 1
+	if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+		fuzz_tmp=$(mktemp -d /dev/shm/sbx-fuzz.XXXXXX)
+	else
+		fuzz_tmp=$(mktemp -d /tmp/sbx-fuzz.XXXXXX)
+	fi
+	for t in "${FUZZ_TARGETS[@]}"; do
+		fuzz_one "${t%%:*}" "${t#*:}" "$secs" || status=1
+	done
+	# what failed stays (its inputs are named above); the rest was removed
+	rmdir "$fuzz_tmp" 2>/dev/null
+	return "$status"
+}
+if [ "${SBX_SKIP_FUZZ:-0}" = 1 ]; then
+	section "fuzz: skipped (SBX_SKIP_FUZZ=1)"
+elif fuzz_section; then
+	ok "fuzz"
+else
+	fail "fuzz"
 fi
 
 # ---- summary ----

@@ -416,13 +416,14 @@ static int is_sha256(const char *s)
 
 int cmd_restore(struct ctx *ctx, int argc, char **argv)
 {
-	enum { OPT_MERGE = 256, OPT_SHA256, OPT_FROM, OPT_ALLOW_DEVICES, OPT_JSON };
+	enum { OPT_MERGE = 256, OPT_SHA256, OPT_FROM, OPT_ALLOW_DEVICES, OPT_ALLOW_EMPTY, OPT_JSON };
 	static const struct option longopts[] = {
 		{"input", required_argument, NULL, 'i'},
 		{"merge", no_argument, NULL, OPT_MERGE},
 		{"sha256", required_argument, NULL, OPT_SHA256},
 		{"from", required_argument, NULL, OPT_FROM},
 		{"allow-devices", no_argument, NULL, OPT_ALLOW_DEVICES},
+		{"allow-empty", no_argument, NULL, OPT_ALLOW_EMPTY},
 		{"json", no_argument, NULL, OPT_JSON},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -456,6 +457,9 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 			break;
 		case OPT_ALLOW_DEVICES:
 			ro.allow_devices = 1;
+			break;
+		case OPT_ALLOW_EMPTY:
+			ro.allow_empty = 1;
 			break;
 		case OPT_JSON:
 			ctx->json = 1;

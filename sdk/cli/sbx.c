@@ -820,7 +820,8 @@ static const struct command commands[] = {
 	 "when the archive goes to a file: -o FILE or --to). Names that are not valid UTF-8 show\n"
 	 "their bytes as \\u00XX. On a terminal, progress (bytes, files, rate) is shown on stderr.\n"
 	 "SIGINT/SIGTERM/SIGHUP cancel the backup (a second one exits at once)."},
-	{"restore", cmd_restore, "DIR [-i FILE|-] [--merge] [--sha256 HEX] [--from PATH] [--allow-devices] [--json]",
+	{"restore", cmd_restore,
+	 "DIR [-i FILE|-] [--merge] [--sha256 HEX] [--from PATH] [--allow-devices] [--allow-empty] [--json]",
 	 "Restore the directory DIR in the sandbox from a tar archive (compressed or not) read\n"
 	 "from stdin (not a terminal), or from a local FILE with -i.\n"
 	 "  --from PATH      read the archive from the file PATH inside the sandbox instead\n"
@@ -828,8 +829,11 @@ static const struct command commands[] = {
 	 "                   by the archive's content (extracted beside it, then swapped in)\n"
 	 "  --sha256 HEX     fail unless the archive's sha256 is HEX (checked before the swap)\n"
 	 "  --allow-devices  extract device nodes (refused by default)\n"
+	 "  --allow-empty    accept an archive without members (DIR becomes empty); refused\n"
+	 "                   by default, as is any archive that is not whole (EBADMSG)\n"
 	 "Refuses absolute names, '..', writing through symlinks and links leading out of DIR.\n"
-	 "A failed, refused or interrupted restore leaves DIR as it was (in replace mode).\n"
+	 "A failed, refused or interrupted restore leaves DIR as it was (with --merge: unless\n"
+	 "it fails while moving the verified entries in).\n"
 	 "Prints nothing; with --json, {bytes, entries, sha256} on stdout. On a terminal,\n"
 	 "progress is shown on stderr."},
 	/* tunnels */

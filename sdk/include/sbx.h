@@ -542,9 +542,14 @@ struct sbx_restore_opts {
 	int allow_devices;
 	sbx_progress_fn progress;
 	void *progress_ud;
+	/* an archive without members (only the end-of-archive blocks, or a zero-filled
+	 * stream) is refused with EBADMSG unless this is set: then dir becomes an empty
+	 * directory (merge: it stays as it is). A caller built with an older header,
+	 * without the field, gets 0 (struct_size). */
+	int allow_empty;
 };
 /* clang-format off */
-#define SBX_RESTORE_OPTS_INIT {sizeof(struct sbx_restore_opts), 0, 0, 0, 0, 0, 0}
+#define SBX_RESTORE_OPTS_INIT {sizeof(struct sbx_restore_opts), 0, 0, 0, 0, 0, 0, 0}
 /* clang-format on */
 
 struct sbx_restore_result {
@@ -552,8 +557,11 @@ struct sbx_restore_result {
 	uint64_t entries;
 	char sha256[65];
 };
-/* Restore dir from the archive source produces. Replace mode is atomic: on any
- * failure (a refused member, a wrong sha256, a cancel) dir is left as it was. */
+/* Restore dir from the archive source produces. Only one whole archive is taken:
+ * a stream cut short anywhere, without its end-of-archive blocks, or with data
+ * after them fails with EBADMSG. Replace mode is atomic: on any failure (a bad
+ * archive, a refused member, a wrong sha256, a cancel) dir is left as it was; merge
+ * mode changes nothing either until the archive is complete and verified. */
 SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
 			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
 			struct sbx_restore_result *res, struct sbx_error *err);

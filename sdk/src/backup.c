@@ -590,6 +590,7 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 		rr.from_path = bin(o.from_path);
 	}
 	rr.has_allow_devices = rr.allow_devices = o.allow_devices != 0;
+	rr.has_allow_empty = rr.allow_empty = o.allow_empty != 0;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_RESTORE;
 	req.restore = &rr;

@@ -4,6 +4,7 @@
 #include "shim.pb-c.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,8 +348,27 @@ static void route(struct sbx_client *c, const struct frame_hdr *h, const uint8_t
 			sbx__rx_free(it);
 			return; /* a call we gave up on: late frames are expected */
 		}
+		if (k->ended) {
+			sbx__rx_free(it);
+			sbx__fail(&e, SBX_ERR_PROTOCOL, EPROTO, NULL, "%s on stream %u, which has ended",
+				  frame_type_name(h->type), h->stream);
+			client_kill(c, &e);
+			return;
+		}
 		switch (h->type) {
 		case FRAME_DATA:
+			/* PROTOCOL.md 8: DATA beyond the credit we granted is a connection error,
+			 * however much room there is to queue it */
+			if ((int64_t)h->len > k->recv_credit) {
+				sbx__rx_free(it);
+				sbx__fail(&e, SBX_ERR_PROTOCOL, EPROTO, NULL,
+					  "flow control violated on stream %u (DATA of %u bytes, %lld of credit left)",
+					  h->stream, h->len, (long long)k->recv_credit);
+				client_kill(c, &e);
+				return;
+			}
+			k->recv_credit -= h->len;
+			/* fall through */
 		case FRAME_EVENT:
 			if (it != NULL)
 				link_rx(k, it);
@@ -367,11 +387,11 @@ static void route(struct sbx_client *c, const struct frame_hdr *h, const uint8_t
 				memcpy(k->result, p, h->len);
 				k->result_len = h->len;
 			}
-			k->done = true;
+			k->done = k->ended = true;
 			break;
 		case FRAME_ERROR:
 			sbx__decode_error(p, h->len, SBX_ERR_REMOTE, &k->err);
-			k->done = true;
+			k->done = k->ended = true;
 			break;
 		default:
 			sbx__fail(&e, SBX_ERR_PROTOCOL, EPROTO, NULL, "unexpected %s frame on stream %u from the shim",
@@ -810,6 +830,7 @@ struct call *sbx__call_new(struct sbx_client *c, bool stream)
 	if (stream) {
 		k->is_stream = true; /* the id comes with sbx__send_request() */
 		k->send_credit = c->peer_window;
+		k->recv_credit = c->my_window;
 	} else {
 		k->ping_seq = ++c->next_ping;
 	}
@@ -1036,6 +1057,10 @@ int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_er
 	uint8_t p[4];
 	if (n == 0)
 		return 0;
+	/* counted before it is sent: DATA using it cannot arrive earlier */
+	pthread_mutex_lock(&k->client->mu);
+	k->recv_credit += n;
+	pthread_mutex_unlock(&k->client->mu);
 	frame_put_u32(p, n);
 	return sbx__send(k->client, k->id, FRAME_WINDOW, 0, p, sizeof(p), deadline, err);
 }
@@ -1252,16 +1277,11 @@ static int handshake(struct sbx_client *c, const char *token, const char *name, 
 	return rc;
 }
 
-static int connect_once(const char *target, const struct sbx_connect_opts *o, const char *token,
+/* A client on fd (and child), which it owns from here on, also on failure: set up,
+ * then the handshake. */
+static int client_start(int fd, pid_t child, const struct sbx_connect_opts *o, const char *token, uint64_t deadline,
 			struct sbx_client **out, bool *retry, struct sbx_error *err)
 {
-	int timeout = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 10000;
-	uint64_t deadline = deadline_after(timeout);
-	int fd;
-	pid_t child = 0;
-	*retry = false;
-	if (sbx__transport_open(target, timeout, &fd, &child, retry, err) < 0)
-		return -1;
 	struct sbx_client *c = calloc(1, sizeof(*c));
 	if (c == NULL) {
 		close(fd);
@@ -1281,6 +1301,28 @@ static int connect_once(const char *target, const struct sbx_connect_opts *o, co
 	}
 	*out = c;
 	return 0;
+}
+
+static int connect_once(const char *target, const struct sbx_connect_opts *o, const char *token,
+			struct sbx_client **out, bool *retry, struct sbx_error *err)
+{
+	int timeout = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 10000;
+	uint64_t deadline = deadline_after(timeout);
+	int fd;
+	pid_t child = 0;
+	*retry = false;
+	if (sbx__transport_open(target, timeout, &fd, &child, retry, err) < 0)
+		return -1;
+	return client_start(fd, child, o, token, deadline, out, retry, err);
+}
+
+int sbx__client_adopt(int fd, const struct sbx_connect_opts *opts, struct sbx_client **out, struct sbx_error *err)
+{
+	/* opts is the caller's own: this library's struct, whole */
+	int timeout = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
+	bool retry = false;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	return client_start(fd, 0, opts, opts->token, deadline_after(timeout), out, &retry, err);
 }
 
 SBX_API int sbx_connect(const char *target, const struct sbx_connect_opts *opts, struct sbx_client **out,

@@ -39,8 +39,12 @@ struct call {
 	uint64_t start_ns;
 	struct rx_item *rx_head, *rx_tail;
 	size_t rx_bytes; /* DATA queued, bounded by the window we granted */
-	bool done;       /* END or ERROR arrived (or the connection died) */
-	bool abandoned;  /* the caller gave up: frames for it are dropped */
+	/* DATA the shim may still send on the stream: our initial window plus every WINDOW
+	 * granted (sbx__call_grant), less the DATA that came; more is a protocol error */
+	int64_t recv_credit;
+	bool done;      /* END or ERROR arrived (or the connection died) */
+	bool ended;     /* END or ERROR arrived: the shim sends nothing more on the stream */
+	bool abandoned; /* the caller gave up: frames for it are dropped */
 	int64_t send_credit;
 	struct sbx_error err; /* when done with an error */
 	uint8_t *result;      /* END payload */
@@ -137,7 +141,9 @@ int sbx__call_wait_keep(struct call *k, bool want_credit, uint64_t deadline, str
 bool sbx__call_done(struct call *k);
 /* Take the next queued frame (caller frees it); NULL if none. */
 struct rx_item *sbx__call_pop(struct call *k);
-/* Give the shim credit for n more bytes of DATA on the call's stream. */
+/* Give the shim credit for n more bytes of DATA on the call's stream. Every WINDOW libsbx
+ * sends goes through here: the credit is counted before it goes out, and DATA beyond what
+ * was counted fails the connection (EPROTO "flow control violated on stream N"). */
 int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_error *err);
 /* Receiving a stream of DATA from the shim (reads, backups): the bytes go to a sink, and
  * credit goes back in batches as they are consumed. */
@@ -169,6 +175,11 @@ void sbx__client_del_waker(struct sbx_client *c, int fd);
  * result (0 on timeout), or -1 with err when the connection is dead. */
 int sbx__pump(struct sbx_client *c, int self_fd, struct pollfd *fds, unsigned nfds, int timeout_ms,
 	      struct sbx_error *err);
+/* A client on fd, a stream already connected to a shim (made non-blocking here): the
+ * handshake as sbx_connect() does it once its transport is open (opts->token is the
+ * token; no $SBX_TOKEN, no retries). The client owns fd from the call on, also when it
+ * fails (-1 with err). For tests/fuzz/fuzz_rx.c, which plays the shim on a socketpair. */
+int sbx__client_adopt(int fd, const struct sbx_connect_opts *opts, struct sbx_client **out, struct sbx_error *err);
 /* Turn an ERROR payload into err (kind REMOTE). */
 void sbx__decode_error(const uint8_t *p, size_t len, int kind, struct sbx_error *err);
 void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_hdr *h, const uint8_t *p);

@@ -1,14 +1,13 @@
 /* fuzz_conn.c: libFuzzer harness for a connection's input path (framing, handshake, streams, every request
- * kind, file requests beneath a scratch root); built without libFuzzer, its main() replays a corpus. */
+ * kind, file requests beneath a scratch root); built without libFuzzer, fuzz_util.c's main() replays a corpus. */
 #include "conn.h"
 #include "fs.h"
+#include "fuzz.h"
 #include "log.h"
 #include "server.h"
 #include "util.h"
 #include "worker.h"
 
-#include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdint.h>
@@ -27,8 +26,6 @@
 /* Longest wait for the worker pool to hand back its jobs (info, file operations). */
 #define DRAIN_SECONDS 5.0
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 static struct server fuzz_srv;
 static bool fuzz_ready;
 
@@ -39,12 +36,6 @@ static struct {
 	char top[200], root[240], state[240];
 	struct stat sig[3]; /* root, root/d, root/f as last built */
 } scratch;
-
-static void die(const char *what)
-{
-	fprintf(stderr, "fuzz_conn: %s\n", what);
-	abort();
-}
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -96,7 +87,7 @@ static void scratch_build(void)
 	scratch_at(p, sizeof(p), "f");
 	FILE *f = fopen(p, "we");
 	if (f == NULL)
-		die("cannot create the scratch tree");
+		fuzz_die("cannot create the scratch tree");
 	fputs("fuzz file contents\n", f);
 	fclose(f);
 	scratch_at(p, sizeof(p), "d");
@@ -107,10 +98,10 @@ static void scratch_build(void)
 		fclose(f);
 	scratch_at(p, sizeof(p), "l");
 	if (symlink("/f", p) < 0)
-		die("cannot create the scratch tree");
+		fuzz_die("cannot create the scratch tree");
 	scratch_at(p, sizeof(p), "esc");
 	if (symlink("../../../../etc", p) < 0)
-		die("cannot create the scratch tree");
+		fuzz_die("cannot create the scratch tree");
 	scratch_sign(scratch.sig);
 }
 
@@ -139,12 +130,12 @@ static void scratch_setup(void)
 	const char *t = getenv("TMPDIR");
 	snprintf(scratch.top, sizeof(scratch.top), "%s/fuzz_conn.XXXXXX", t != NULL && t[0] == '/' ? t : "/tmp");
 	if (mkdtemp(scratch.top) == NULL)
-		die("mkdtemp failed");
+		fuzz_die("mkdtemp failed");
 	atexit(scratch_remove);
 	snprintf(scratch.root, sizeof(scratch.root), "%s/root", scratch.top);
 	snprintf(scratch.state, sizeof(scratch.state), "%s/state", scratch.top);
 	if (mkdir(scratch.root, 0755) < 0 || mkdir(scratch.state, 0700) < 0)
-		die("cannot create the scratch directories");
+		fuzz_die("cannot create the scratch directories");
 	scratch_build();
 }
 
@@ -167,7 +158,7 @@ static void fuzz_setup(void)
 	s->cfg.max_workers = 2;
 	s->cfg.token = strdup(FUZZ_TOKEN);
 	if (s->cfg.token == NULL)
-		die("out of memory");
+		fuzz_die("out of memory");
 	s->cfg.token_len = strlen(FUZZ_TOKEN);
 	scratch_setup();
 	s->cfg.root = scratch.root;
@@ -179,9 +170,9 @@ static void fuzz_setup(void)
 	}
 	struct ev_loop *loop = ev_loop_new(0);
 	if (loop == NULL)
-		die("ev_loop_new failed");
+		fuzz_die("ev_loop_new failed");
 	if (server_init(s, loop) < 0)
-		die("server_init failed");
+		fuzz_die("server_init failed");
 	/* Nothing here shuts the server down: leave SIGINT and SIGTERM to libFuzzer (it
 	 * prints its summary) or to their default. The watchers were unref'd by
 	 * server_init, so ref before stopping, as libev asks. */
@@ -203,7 +194,7 @@ static void drain_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop;
 	(void)w;
 	(void)revents;
-	die("worker jobs still pending after 5 s");
+	fuzz_die("worker jobs still pending after 5 s");
 }
 
 /* Run the loop until every worker job has come back (the jobs of a closed
@@ -237,14 +228,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	 * Output goes to /dev/null, which always takes everything. */
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0)
-		die("pipe2 failed");
+		fuzz_die("pipe2 failed");
 	int out = open("/dev/null", O_WRONLY | O_CLOEXEC);
 	if (out < 0)
-		die("cannot open /dev/null");
+		fuzz_die("cannot open /dev/null");
 	/* the connection owns p[0] and out from here on: conn_reap_dead closes them */
 	struct conn *c = conn_new(s, p[0], out, NULL, (ctl & 1) != 0, "fuzz");
 	if (c == NULL)
-		die("conn_new failed");
+		fuzz_die("conn_new failed");
 
 	/* The harness makes the only connection, so s->conns != NULL means it is still
 	 * open; once it has closed, the loop's prepare watcher may have freed it. */
@@ -270,118 +261,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	scratch_reset();
 
 	if (s->conns != NULL || s->dead != NULL || s->n_conns != 0 || s->n_streams != 0)
-		die("connection or stream left behind after close");
+		fuzz_die("connection or stream left behind after close");
 	return 0;
 }
 
-#ifndef SHIM_LIBFUZZER
-/* Replay: every regular file in the directories (and the files) given. */
-
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (d == NULL)
-		return -1;
-	int n = 0;
-	while (readdir(d) != NULL)
-		n++;
-	closedir(d);
-	return n;
-}
-
-static int replay_file(const char *path)
-{
-	FILE *f = fopen(path, "rbe");
-	if (f == NULL) {
-		fprintf(stderr, "fuzz_conn: %s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	size_t cap = 4096, len = 0;
-	uint8_t *buf = malloc(cap);
-	for (;;) {
-		if (buf == NULL)
-			die("out of memory");
-		len += fread(buf + len, 1, cap - len, f);
-		if (len < cap)
-			break;
-		cap *= 2;
-		buf = realloc(buf, cap);
-	}
-	bool bad = ferror(f) != 0;
-	fclose(f);
-	if (bad) {
-		fprintf(stderr, "fuzz_conn: %s: read error\n", path);
-		free(buf);
-		return -1;
-	}
-	LLVMFuzzerTestOneInput(buf, len);
-	free(buf);
-	return 0;
-}
-
-static int replay_dir(const char *dir, unsigned *count)
-{
-	struct dirent **names;
-	int n = scandir(dir, &names, NULL, alphasort);
-	if (n < 0) {
-		fprintf(stderr, "fuzz_conn: %s: %s\n", dir, strerror(errno));
-		return -1;
-	}
-	int rc = 0;
-	for (int i = 0; i < n; i++) {
-		char path[4096];
-		struct stat st;
-		snprintf(path, sizeof(path), "%s/%s", dir, names[i]->d_name);
-		if (names[i]->d_name[0] != '.' && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-			if (replay_file(path) < 0)
-				rc = -1;
-			else
-				(*count)++;
-		}
-		free(names[i]);
-	}
-	free(names);
-	return rc;
-}
-
-int main(int argc, char **argv)
-{
-	if (argc < 2) {
-		fprintf(stderr, "usage: fuzz_conn CORPUS_DIR [FILE]...\n");
-		return 2;
-	}
-	fuzz_setup();
-	int fds = count_fds();
-	unsigned count = 0;
-	int rc = 0;
-	for (int i = 1; i < argc; i++) {
-		struct stat st;
-		if (stat(argv[i], &st) < 0) {
-			fprintf(stderr, "fuzz_conn: %s: %s\n", argv[i], strerror(errno));
-			rc = 1;
-		} else if (S_ISDIR(st.st_mode)) {
-			if (replay_dir(argv[i], &count) < 0)
-				rc = 1;
-		} else if (replay_file(argv[i]) < 0) {
-			rc = 1;
-		} else {
-			count++;
-		}
-	}
-	if (count_fds() != fds) {
-		fprintf(stderr, "fuzz_conn: file descriptors leaked: %d open before, %d after\n", fds, count_fds());
-		rc = 1;
-	}
-	printf("fuzz_conn: replayed %u inputs\n", count);
-	if (count == 0) {
-		fprintf(stderr, "fuzz_conn: no inputs found\n");
-		rc = 1;
-	}
-	server_free(&fuzz_srv);
-	return rc;
-}
-#else
-int LLVMFuzzerInitialize(int *argc, char ***argv);
+const char fuzz_name[] = "fuzz_conn";
 
 /* Set up before libFuzzer installs its signal handlers. */
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -391,4 +275,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_setup();
 	return 0;
 }
-#endif
+
+void fuzz_teardown(void)
+{
+	server_free(&fuzz_srv);
+}

@@ -261,6 +261,32 @@ assert r["bytes"] == int(sys.argv[2]) and r["sha256"] == sys.argv[3] and r["entr
 	head -c 200000 "$T/a.tar" >"$T/cut.tar"
 	run 1 restore -i "$T/cut.tar" "$R"
 	same_tree "$T/snap" "$R"
+	# not one whole archive (a lone zero block; the end-of-archive blocks alone, which only
+	# --allow-empty takes): EBADMSG naming the offset, the directory as it was, in both modes
+	head -c 512 /dev/zero >"$T/zero.tar"
+	head -c 1024 /dev/zero >"$T/end.tar"
+	for m in "" --merge; do
+		# shellcheck disable=SC2086
+		run 1 restore $m -i "$T/zero.tar" "$R"
+		has err "EBADMSG"
+		has err "one end-of-archive block at offset 0"
+		same_tree "$T/snap" "$R"
+		# shellcheck disable=SC2086
+		run 1 restore $m --allow-empty -i "$T/zero.tar" "$R"
+		same_tree "$T/snap" "$R"
+		# shellcheck disable=SC2086
+		run 1 restore $m -i "$T/end.tar" "$R"
+		has err "no members"
+		same_tree "$T/snap" "$R"
+	done
+	mkdir -p "$T/re"
+	cp -a "$R" "$T/re/e"
+	run 0 restore --allow-empty --json -i "$T/end.tar" "$T/re/e"
+	has out '"entries":0'
+	[ -d "$T/re/e" ] && [ -z "$(ls -A "$T/re/e")" ] || fail "--allow-empty did not leave an empty directory"
+	run 0 restore --allow-empty --merge -i "$T/end.tar" "$R"
+	same_tree "$T/snap" "$R"
+	only_names "$T/re" e
 	sleep 0.2
 	only_names "$T/rs" r r2 r3
 	# interrupted while stdin stalls part way: exit 1 at once, the directory as it was

@@ -2092,6 +2092,627 @@ static int case_confined(void)
 	return 0;
 }
 
+/* ---- one whole archive or nothing (issue 16) ---- */
+
+/* An archive built in memory. */
+struct abuf {
+	uint8_t *p;
+	size_t n, cap;
+};
+
+/* n bytes of data (NULL: zeros). */
+static void ab_add(struct abuf *b, const void *data, size_t n)
+{
+	if (b->n + n > b->cap) {
+		b->cap = (b->n + n) * 2 + 4096;
+		b->p = realloc(b->p, b->cap);
+		CHECK(b->p != NULL);
+	}
+	if (data != NULL)
+		memcpy(b->p + b->n, data, n);
+	else
+		memset(b->p + b->n, 0, n);
+	b->n += n;
+}
+
+/* A ustar header (GNU's magic for a volume header, type 'V'). size -1 is stored as GNU tar
+ * stores a negative number (base-256: all bytes 0xff). */
+static void ab_header(struct abuf *b, const char *name, char type, mode_t mode, long long size, const char *link)
+{
+	uint8_t h[512];
+	memset(h, 0, sizeof(h));
+	snprintf((char *)h, 100, "%s", name);
+	snprintf((char *)h + 100, 8, "%07o", (unsigned)mode);
+	memcpy(h + 108, "0000000", 8);
+	memcpy(h + 116, "0000000", 8);
+	if (size >= 0)
+		snprintf((char *)h + 124, 12, "%011o", (unsigned)size); /* small members only */
+	else
+		memset(h + 124, 0xff, 12);
+	snprintf((char *)h + 136, 12, "%011o", 1600000000u);
+	h[156] = (uint8_t)type;
+	if (link != NULL)
+		snprintf((char *)h + 157, 100, "%s", link);
+	memcpy(h + 257, type == 'V' ? "ustar  " : "ustar\00000", 8);
+	memset(h + 148, ' ', 8);
+	unsigned sum = 0;
+	for (size_t i = 0; i < sizeof(h); i++)
+		sum += h[i];
+	snprintf((char *)h + 148, 7, "%06o", sum);
+	ab_add(b, h, sizeof(h));
+}
+
+/* A regular file member: header, data, padding. */
+static void ab_file(struct abuf *b, const char *name, const char *data)
+{
+	size_t n = strlen(data);
+	ab_header(b, name, '0', 0644, (long long)n, NULL);
+	ab_add(b, data, n);
+	ab_add(b, NULL, (512 - n % 512) % 512);
+}
+
+static const char *ab_write(struct abuf *b, const char *name)
+{
+	const char *path = kp(name);
+	put(path, b->p, b->n, 0644);
+	free(b->p);
+	memset(b, 0, sizeof(*b));
+	return path;
+}
+
+/* Streams a file to the shim in small pieces (the tar reader's blocks are then small). */
+struct chunk_source {
+	int fd;
+	size_t chunk;
+};
+
+static long chunk_source_fn(void *ud, void *buf, size_t len)
+{
+	struct chunk_source *s = ud;
+	ssize_t n = read(s->fd, buf, len < s->chunk ? len : s->chunk);
+	return (long)n;
+}
+
+enum { VIA_STREAM, VIA_FROM_PATH, VIA_CHUNKS };
+
+/* Restore the archive in (a local file) into dir: streamed, read by the shim itself, or
+ * streamed 97 bytes at a time. 0, or -1 with *err. */
+static int restore_via(const char *dir, const char *in, int merge, int allow_empty, int via,
+		       struct sbx_restore_result *res, struct sbx_error *err)
+{
+	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
+	ro.merge = merge;
+	ro.allow_empty = allow_empty;
+	memset(err, 0, sizeof(*err));
+	if (via == VIA_FROM_PATH) {
+		ro.from_path = in;
+		return sbx_restore(client, NULL, dir, &ro, NULL, NULL, res, err);
+	}
+	if (via == VIA_CHUNKS) {
+		struct chunk_source cs = {open(in, O_RDONLY | O_CLOEXEC), 97};
+		CHECK(cs.fd >= 0);
+		int rc = sbx_restore(client, NULL, dir, &ro, chunk_source_fn, &cs, res, err);
+		close(cs.fd);
+		return rc;
+	}
+	return sbx_restore_from_file(client, NULL, dir, &ro, in, res, err);
+}
+
+/* A restore that must be refused with EBADMSG and a message naming the offset (holding
+ * want too, and the path the member, when they are not NULL), leaving dir exactly as old
+ * (listing, contents, modes, owners, times), nothing left beside it or in the journal. */
+static void refused_msg(const char *dir, const struct snap *old, const char *in, int merge, int allow_empty, int via,
+			const char *member, const char *want, const char *what)
+{
+	struct sbx_error err;
+	struct sbx_restore_result res;
+	CHECKF(restore_via(dir, in, merge, allow_empty, via, &res, &err) < 0, "%s (%s): restored %llu entries", what,
+	       merge ? "merge" : "replace", (unsigned long long)res.entries);
+	CHECKF(err.kind == SBX_ERR_REMOTE && err.code == EBADMSG, "%s (%s): want EBADMSG, got %s", what,
+	       merge ? "merge" : "replace", it_errstr(&err));
+	CHECKF(strstr(err.message, "offset") != NULL, "%s: the error names no offset: %s", what, err.message);
+	if (want != NULL)
+		CHECKF(strstr(err.message, want) != NULL, "%s: '%s' does not say '%s'", what, err.message, want);
+	if (member != NULL)
+		CHECKF(strcmp(err.path, member) == 0, "%s: the error names '%s', want '%s' (%s)", what, err.path,
+		       member, err.message);
+	struct snap now;
+	snap_take(&now, dir);
+	snap_compare(old, &now, CMP_ALL);
+	snap_free(&now);
+	char parent[PATH_MAX];
+	SPRINTF(parent, "%s", dir);
+	*strrchr(parent, '/') = '\0';
+	CHECKF(count_temps(parent) == 0, "%s: a temp directory left in %s", what, parent);
+	CHECKF(count_entries(it_path("state/pending-writes")) == 0, "%s: a journal entry left", what);
+}
+
+static void refused(const char *dir, const struct snap *old, const char *in, int merge, int allow_empty, int via,
+		    const char *member, const char *what)
+{
+	refused_msg(dir, old, in, merge, allow_empty, via, member, NULL, what);
+}
+
+/* The old directory the refusals must leave alone: every kind of entry. */
+static const char *old_dir(struct snap *old)
+{
+	mk(it_path("p"), 0755);
+	const char *dir = kp("p/dir");
+	make_tree(dir, false, false, true);
+	snap_take(old, dir);
+	return dir;
+}
+
+/* Hand-made archives that are not one whole archive: refused in both modes, whatever
+ * the input path; the end-of-archive blocks alone only with allow_empty. */
+static int case_whole_archive(void)
+{
+	start();
+	struct snap old;
+	const char *dir = old_dir(&old);
+	struct abuf b = {0};
+	/* GNU tar: "Archive value -1 is out of off_t range"; libarchive skips the volume
+	 * header and reports the end of the archive */
+	ab_header(&b, "label", 'V', 0644, -1, NULL);
+	const char *volneg = ab_write(&b, "volneg.tar");
+	ab_add(&b, NULL, 512);
+	const char *zero = ab_write(&b, "zero512.tar");
+	ab_file(&b, "m", "member data\n");
+	const char *noend = ab_write(&b, "noend.tar");
+	ab_file(&b, "m", "member data\n");
+	ab_add(&b, NULL, 512);
+	const char *oneend = ab_write(&b, "oneend.tar");
+	ab_add(&b, NULL, 512);
+	ab_file(&b, "m", "member data\n");
+	ab_add(&b, NULL, 1024);
+	const char *lone = ab_write(&b, "lone.tar");
+	ab_file(&b, "m", "member data\n");
+	ab_add(&b, NULL, 1024);
+	ab_add(&b, "garbage", 7);
+	ab_add(&b, NULL, 10240 - b.n % 10240);
+	const char *garbage = ab_write(&b, "garbage.tar");
+	ab_add(&b, NULL, 1024);
+	const char *endonly = ab_write(&b, "endonly.tar");
+	ab_add(&b, NULL, 8 * KiB + 512);
+	const char *zeros = ab_write(&b, "zeros.tar");
+	const char *empty = ab_write(&b, "empty.tar");
+	ab_file(&b, "m", "member data\n");
+	ab_add(&b, NULL, 1024 + 4096);
+	const char *good = ab_write(&b, "good.tar");
+
+	const struct {
+		const char *name;
+		const char *file;
+		const char *member; /* the path the error names: the last member, or dir */
+		const char *msg;
+		bool empty; /* an empty archive: taken with allow_empty */
+	} kinds[] = {
+		{"volume header of size -1, no end", volneg, NULL, "no member follows the header at offset 0", false},
+		{"one zero block", zero, NULL, "one end-of-archive block at offset 0, not two", false},
+		{"a member, no end", noend, "m", "it ends at offset 1024 after this member", false},
+		{"a member, one end block", oneend, "m", "one end-of-archive block at offset 1024", false},
+		{"a lone zero block before a member", lone, NULL, "a lone zero block at offset 0", false},
+		{"data after the end", garbage, NULL, "data after the end of the archive at offset 2048", false},
+		{"an empty stream", empty, NULL, "ends at offset 0", false},
+		{"the end-of-archive blocks alone", endonly, NULL, "no members", true},
+		{"8.5 KiB of zeros", zeros, NULL, "no members", true},
+	};
+	static const char *const vias[] = {"stream", "from_path", "97-byte pieces"};
+	for (int via = VIA_STREAM; via <= VIA_CHUNKS; via++) {
+		for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+			for (int merge = 0; merge <= 1; merge++) {
+				char what[200];
+				SPRINTF(what, "%s, %s", kinds[i].name, vias[via]);
+				const char *member = kinds[i].member != NULL ? kinds[i].member : dir;
+				refused_msg(dir, &old, kinds[i].file, merge, 0, via, member, kinds[i].msg, what);
+				if (!kinds[i].empty)
+					refused_msg(dir, &old, kinds[i].file, merge, 1, via, member, kinds[i].msg,
+						    what);
+			}
+		}
+		printf("%s: %zu kinds refused in both modes\n", vias[via], sizeof(kinds) / sizeof(kinds[0]));
+	}
+
+	/* allow_empty: an empty archive makes an empty directory (replace; the old one's mode
+	 * kept, as without a "./" member), leaves dir as it was (merge) */
+	struct sbx_error err;
+	struct sbx_restore_result res;
+	for (int k = 0; k < 2; k++) {
+		const char *in = k == 0 ? endonly : zeros;
+		const char *e = kp(k == 0 ? "e1" : "e2");
+		mk(e, 0750);
+		char *f = pjoin(e, "old");
+		put(f, "old", 3, 0644);
+		free(f);
+		CHECK_SBX(restore_via(e, in, 0, 1, VIA_STREAM, &res, &err), &err);
+		CHECK_EQ(res.entries, 0);
+		struct stat st;
+		CHECK(stat(e, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0750);
+		CHECK_EQ(it_count_entries(e), 0);
+		CHECK_EQ(count_temps(it_dir()), 0);
+		CHECK_SBX(restore_via(dir, in, 1, 1, VIA_STREAM, &res, &err), &err);
+		CHECK_EQ(res.entries, 0);
+		check_old(dir, &old);
+		CHECK_EQ(count_temps(it_path("p")), 0);
+	}
+	/* and into a directory that is not there yet */
+	CHECK_SBX(restore_via(it_path("e3"), endonly, 1, 1, VIA_FROM_PATH, &res, &err), &err);
+	CHECK_EQ(it_count_entries(it_path("e3")), 0);
+	CHECK(lexists(it_path("e3")));
+	/* a whole archive, with zeros after its end (any amount: the last record's padding) */
+	for (int via = VIA_STREAM; via <= VIA_CHUNKS; via++) {
+		for (int merge = 0; merge <= 1; merge++) {
+			const char *t = kp(merge ? "gm" : "g");
+			CHECK_SBX(restore_via(t, good, merge, 0, via, &res, &err), &err);
+			CHECK_EQ(res.entries, 1);
+			char *m = pjoin(t, "m");
+			struct stat st;
+			CHECK(lstat(m, &st) == 0 && st.st_size == 12);
+			free(m);
+		}
+	}
+	wait_journal_empty(5000);
+	snap_free(&old);
+	return 0;
+}
+
+/* The offset after the end-of-archive blocks of an uncompressed archive (ustar and pax
+ * headers with octal sizes, as our backups write them). */
+static size_t archive_end(const uint8_t *a, size_t n)
+{
+	static const uint8_t zero[512];
+	size_t pos = 0;
+	while (pos + 512 <= n && memcmp(a + pos, zero, 512) != 0) {
+		char sz[13];
+		memcpy(sz, a + pos + 124, 12);
+		sz[12] = '\0';
+		unsigned long long len = strtoull(sz, NULL, 8);
+		pos += 512 + (size_t)((len + 511) / 512 * 512);
+	}
+	CHECKF(pos + 1024 <= n && memcmp(a + pos + 512, zero, 512) == 0, "no end-of-archive blocks at %zu", pos);
+	return pos + 1024;
+}
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+	struct stat st;
+	CHECK(stat(path, &st) == 0);
+	uint8_t *p = malloc((size_t)st.st_size + 1);
+	CHECK(p != NULL);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	CHECK(fd >= 0 && read(fd, p, (size_t)st.st_size) == st.st_size);
+	close(fd);
+	*n = (size_t)st.st_size;
+	return p;
+}
+
+/* A small tree for the truncations: a few files, a directory, links. */
+static const char *small_tree(struct snap *s)
+{
+	const char *src = kp("small");
+	mk(src, 0755);
+	char *p = pjoin(src, "a");
+	uint8_t data[5000];
+	it_fill(data, sizeof(data), 7);
+	put(p, data, 1000, 0644);
+	free(p);
+	p = pjoin(src, "b");
+	put(p, data, sizeof(data), 0600);
+	free(p);
+	p = pjoin(src, "sub");
+	mk(p, 0750);
+	free(p);
+	p = pjoin(src, "sub/c");
+	put(p, "c\n", 2, 0644);
+	free(p);
+	p = pjoin(src, "sub/link");
+	CHECK(symlink("../a", p) == 0);
+	free(p);
+	char *a = pjoin(src, "a"), *h = pjoin(src, "sub/hard");
+	CHECK(link(a, h) == 0);
+	free(a);
+	free(h);
+	p = pjoin(src, "sub/c");
+	set_times(p, 1600000000, 0, 1600000000, 123456789);
+	free(p);
+	set_times(src, 1600000000, 0, 1600000000, 5);
+	snap_take(s, src);
+	return src;
+}
+
+/* An archive made by our own backup, cut at every 512-byte boundary (and a few others):
+ * refused in both modes, dir as it was, until the cut leaves the end-of-archive blocks;
+ * from there (the last record's padding) it restores the tree. */
+static int case_truncated(void)
+{
+	start();
+	struct snap src, old;
+	const char *t = small_tree(&src);
+	const char *dir = old_dir(&old);
+	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
+	struct sbx_backup_record rec;
+	const char *arch = kp("small.tar");
+	backup_file(t, &bo, arch, &rec);
+	sbx_backup_record_free(&rec);
+	size_t n;
+	uint8_t *a = slurp(arch, &n);
+	size_t end = archive_end(a, n);
+	CHECKF(end < n, "the archive ends at %zu of %zu", end, n);
+	/* every 512-byte boundary, and a few cuts inside a block */
+	size_t ncuts = 0, *cuts = malloc((n / 512 + 8) * sizeof(*cuts));
+	CHECK(cuts != NULL);
+	for (size_t cut = 0; cut <= n; cut += 512)
+		cuts[ncuts++] = cut;
+	const size_t odd[] = {1, 100, 700, end - 1024 + 100, end - 300, end - 1};
+	for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
+		cuts[ncuts++] = odd[i];
+	unsigned nref = 0, nok = 0;
+	for (size_t k = 0; k < ncuts; k++) {
+		size_t cut = cuts[k];
+		const char *in = kp("cut.tar");
+		put(in, a, cut, 0644);
+		char what[64];
+		SPRINTF(what, "cut at %zu of %zu (end at %zu)", cut, n, end);
+		if (cut < end) {
+			refused(dir, &old, in, 0, 0, VIA_STREAM, NULL, what);
+			refused(dir, &old, in, 1, 0, VIA_STREAM, NULL, what);
+			nref++;
+			continue;
+		}
+		struct sbx_error err;
+		struct sbx_restore_result res;
+		for (int merge = 0; merge <= 1; merge++) {
+			const char *r = kp("ok");
+			shell("rm -rf '%s'", r);
+			CHECK_SBX(restore_via(r, in, merge, 0, VIA_STREAM, &res, &err), &err);
+			CHECK_EQ(res.entries, src.n);
+			struct snap got;
+			snap_take(&got, r);
+			snap_compare(&src, &got, CMP_RESTORED);
+			snap_free(&got);
+		}
+		nok++;
+	}
+	printf("%zu-byte archive, end-of-archive blocks end at %zu: %u cuts refused in both modes, %u restored\n", n,
+	       end, nref, nok);
+	CHECK(nref >= 10 && nok >= 1);
+	free(cuts);
+	free(a);
+	snap_free(&src);
+	snap_free(&old);
+	return 0;
+}
+
+/* gzip and zstd: the compressed stream cut short, with bytes after it, or whole but
+ * holding a cut archive: refused in both modes, dir as it was. */
+static int case_truncated_compressed(void)
+{
+	start();
+	struct snap src, old;
+	const char *t = small_tree(&src);
+	const char *dir = old_dir(&old);
+	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
+	struct sbx_backup_record rec;
+	const char *plain = kp("small.tar");
+	backup_file(t, &bo, plain, &rec);
+	sbx_backup_record_free(&rec);
+	size_t pn;
+	uint8_t *pa = slurp(plain, &pn);
+	size_t end = archive_end(pa, pn);
+	for (int comp = SBX_COMPRESS_GZIP; comp <= SBX_COMPRESS_ZSTD; comp++) {
+		const char *tool = comp == SBX_COMPRESS_GZIP ? "gzip" : "zstd";
+		bo.compression = comp;
+		const char *arch = kp(comp == SBX_COMPRESS_GZIP ? "small.tar.gz" : "small.tar.zst");
+		backup_file(t, &bo, arch, &rec);
+		sbx_backup_record_free(&rec);
+		size_t n;
+		uint8_t *a = slurp(arch, &n);
+		/* the compressed stream cut: in its header, its data, its trailer (gzip: CRC and
+		 * size, the last 8 bytes; zstd: the frame's checksum, the last 4) */
+		const size_t cuts[] = {1, 10, n / 3, n / 2, n - 12, n - 8, n - 4, n - 1};
+		for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+			const char *in = kp("cut");
+			put(in, a, cuts[i], 0644);
+			char what[64];
+			SPRINTF(what, "%s stream cut at %zu of %zu", tool, cuts[i], n);
+			refused(dir, &old, in, 0, 0, VIA_STREAM, NULL, what);
+			refused(dir, &old, in, 1, 0, VIA_STREAM, NULL, what);
+		}
+		/* bytes after the compressed stream, even zeros */
+		for (int z = 0; z < 2; z++) {
+			uint8_t *b = malloc(n + 512);
+			CHECK(b != NULL);
+			memcpy(b, a, n);
+			if (z)
+				memset(b + n, 0, 512);
+			else
+				memcpy(b + n, "trailing garbage", 16);
+			const char *in = kp("after");
+			put(in, b, n + (z ? 512 : 16), 0644);
+			free(b);
+			char what[64];
+			SPRINTF(what, "%s stream and %s after it", tool, z ? "zeros" : "garbage");
+			refused(dir, &old, in, 0, 0, VIA_STREAM, NULL, what);
+			refused(dir, &old, in, 1, 0, VIA_STREAM, NULL, what);
+		}
+		free(a);
+		/* whole compressed streams of a cut archive (by the compressor itself) */
+		if (!have(tool)) {
+			printf("no %s: compressed cut archives not checked\n", tool);
+			continue;
+		}
+		const size_t tcuts[] = {512, 1024, end - 1536, end - 1024, end - 512};
+		for (size_t i = 0; i < sizeof(tcuts) / sizeof(tcuts[0]); i++) {
+			const char *cut = kp("cut.tar");
+			put(cut, pa, tcuts[i], 0644);
+			const char *in = kp("cut.tar.c");
+			CHECK_EQ(shell("%s -q -c < '%s' > '%s'", tool, cut, in), 0);
+			char what[64];
+			SPRINTF(what, "%s of the archive cut at %zu", tool, tcuts[i]);
+			refused(dir, &old, in, 0, 0, VIA_STREAM, NULL, what);
+			refused(dir, &old, in, 1, 0, VIA_STREAM, NULL, what);
+		}
+		/* the whole archive and data after it, compressed together: refused; zeros after it:
+		 * taken */
+		const char *in = kp("tail.tar");
+		uint8_t *b = malloc(pn + 4096);
+		CHECK(b != NULL);
+		memcpy(b, pa, pn);
+		memset(b + pn, 0, 4096);
+		memcpy(b + pn + 1000, "x", 1);
+		put(in, b, pn + 4096, 0644);
+		const char *inc = kp("tail.tar.c");
+		CHECK_EQ(shell("%s -q -c < '%s' > '%s'", tool, in, inc), 0);
+		char what[64];
+		SPRINTF(what, "%s of the archive and a byte after it", tool);
+		refused(dir, &old, inc, 0, 0, VIA_STREAM, NULL, what);
+		refused(dir, &old, inc, 1, 0, VIA_STREAM, NULL, what);
+		memset(b + pn, 0, 4096);
+		put(in, b, pn + 4096, 0644);
+		free(b);
+		CHECK_EQ(shell("%s -q -c < '%s' > '%s'", tool, in, inc), 0);
+		struct sbx_error err;
+		struct sbx_restore_result res;
+		const char *r = kp(comp == SBX_COMPRESS_GZIP ? "okgz" : "okzst");
+		CHECK_SBX(restore_via(r, inc, 0, 0, VIA_STREAM, &res, &err), &err);
+		struct snap got;
+		snap_take(&got, r);
+		snap_compare(&src, &got, CMP_RESTORED);
+		snap_free(&got);
+		printf("%s: cut streams, bytes after the stream and cut archives refused in both modes\n", tool);
+	}
+	free(pa);
+	snap_free(&src);
+	snap_free(&old);
+	return 0;
+}
+
+/* Merge mode extracts beside dir, then merges: a refused member leaves dir as it was too;
+ * a merge still replaces files, keeps directories (giving them the archive's mode and
+ * times), links to files that only dir has, and works on / itself. */
+static int case_merge_staged(void)
+{
+	start();
+	const char *d = kp("md");
+	mk(d, 0755);
+	char *p;
+#define MD(name) (free(p), p = pjoin(d, name))
+	p = NULL;
+	MD("keep");
+	put(p, "kept", 4, 0644);
+	MD("f");
+	put(p, "file", 4, 0644);
+	MD("sub");
+	mk(p, 0700);
+	MD("sub/old");
+	put(p, "old", 3, 0644);
+	MD("full");
+	mk(p, 0755);
+	MD("full/x");
+	put(p, "x", 1, 0644);
+	MD("ln");
+	CHECK(symlink(it_dir(), p) == 0);
+	MD("sub");
+	set_times(p, 1500000000, 0, 1500000000, 0);
+	free(p);
+	set_times(d, 1500000000, 0, 1500000000, 0);
+#undef MD
+	struct snap old;
+	snap_take(&old, d);
+	static const struct {
+		const char *name;
+		int code;
+		const char *path;
+	} bad[] = {
+		{"through a symlink of dir", EPERM, "ln"},
+		{"a file over a non-empty directory", EEXIST, "full"},
+		{"below a file of dir", ENOTDIR, "f"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct abuf b = {0};
+		ab_file(&b, "new", "new\n");
+		ab_header(&b, "sub", '5', 0755, 0, NULL);
+		ab_file(&b, "sub/new", "new\n");
+		if (i == 0)
+			ab_file(&b, "ln/evil", "evil\n");
+		else if (i == 1)
+			ab_file(&b, "full", "file\n");
+		else
+			ab_file(&b, "f/below", "below\n");
+		ab_add(&b, NULL, 1024);
+		const char *in = ab_write(&b, "bad.tar");
+		struct sbx_error err;
+		struct sbx_restore_result res;
+		CHECKF(restore_via(d, in, 1, 0, VIA_STREAM, &res, &err) < 0, "%s: merged", bad[i].name);
+		CHECKF(err.code == bad[i].code && strcmp(err.path, bad[i].path) == 0, "%s: %s (path %s)", bad[i].name,
+		       it_errstr(&err), err.path);
+		check_old(d, &old);
+		CHECK_EQ(count_temps(it_dir()), 0);
+		CHECK(count_entries(it_dir()) > 0 && !lexists(it_path("evil")));
+	}
+	snap_free(&old);
+	/* a good one */
+	struct abuf b = {0};
+	ab_file(&b, "f", "new f\n");
+	ab_header(&b, "sub", '5', 0750, 0, NULL);
+	ab_file(&b, "sub/new", "new\n");
+	ab_header(&b, "hl", '1', 0644, 0, "keep");
+	ab_header(&b, "deep/er", '5', 0700, 0, NULL);
+	ab_file(&b, "deep/er/z", "z\n");
+	ab_add(&b, NULL, 1024);
+	const char *in = ab_write(&b, "good.tar");
+	struct sbx_error err;
+	struct sbx_restore_result res;
+	CHECK_SBX(restore_via(d, in, 1, 0, VIA_STREAM, &res, &err), &err);
+	struct stat st, st2;
+	CHECK(lstat(it_path("md/f"), &st) == 0 && st.st_size == 6);
+	CHECK(lstat(it_path("md/sub/old"), &st) == 0);
+	CHECK(lstat(it_path("md/sub/new"), &st) == 0);
+	CHECK(lstat(it_path("md/sub"), &st) == 0 && (st.st_mode & 07777) == 0750 && st.st_mtim.tv_sec == 1600000000);
+	CHECK(lstat(it_path("md/hl"), &st) == 0 && lstat(it_path("md/keep"), &st2) == 0 && st.st_ino == st2.st_ino);
+	CHECK(lstat(it_path("md/deep/er/z"), &st) == 0);
+	CHECK(lstat(it_path("md/deep/er"), &st) == 0 && (st.st_mode & 07777) == 0700);
+	CHECK(lstat(it_path("md/full/x"), &st) == 0 && lstat(it_path("md/ln"), &st) == 0 && S_ISLNK(st.st_mode));
+	CHECK_EQ(count_temps(it_dir()), 0);
+	CHECK_EQ(count_temps(it_path("md")), 0);
+	wait_journal_empty(5000);
+
+	/* merging into / (of a daemon confined to a root): the temp directory goes inside */
+	const char *root = kp("root");
+	mk(root, 0755);
+	char s2[PATH_MAX], st2dir[PATH_MAX];
+	SPRINTF(s2, "%s", it_path("shim2.sock"));
+	SPRINTF(st2dir, "%s", it_path("state2"));
+	it_daemon_start("shim2", "--listen", it_unix_target(s2), "--state-dir", st2dir, "--root", root, NULL);
+	struct sbx_client *c2 = it_connect(it_unix_target(s2), NULL);
+	struct snap rold;
+	snap_take(&rold, root);
+	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
+	ro.merge = 1;
+	/* refused: the root as it was (its times too) */
+	{
+		struct abuf nb = {0};
+		ab_file(&nb, "etc/conf", "conf\n");
+		const char *noend = ab_write(&nb, "noend.tar");
+		CHECK(sbx_restore_from_file(c2, NULL, "/", &ro, noend, &res, &err) < 0);
+		CHECK_ERR(&err, SBX_ERR_REMOTE, EBADMSG);
+	}
+	struct snap rnow;
+	snap_take(&rnow, root);
+	snap_compare(&rold, &rnow, CMP_ALL);
+	snap_free(&rnow);
+	snap_free(&rold);
+	b = (struct abuf){0};
+	ab_file(&b, "etc/conf", "conf\n");
+	ab_add(&b, NULL, 1024);
+	in = ab_write(&b, "conf.tar");
+	CHECK_SBX(sbx_restore_from_file(c2, NULL, "/", &ro, in, &res, &err), &err);
+	CHECK(lstat(it_path("root/etc/conf"), &st) == 0 && st.st_size == 5);
+	CHECK_EQ(count_temps(root), 0);
+	sbx_client_close(c2);
+	return 0;
+}
+
 /* Each case ends by closing its client (the daemons are stopped by the harness). */
 #define CASE(name)                                \
 	static int case_##name##_(void)           \
@@ -2120,6 +2741,10 @@ CASE(disconnect_restore)
 CASE(sigkill_restore)
 CASE(progress)
 CASE(confined)
+CASE(whole_archive)
+CASE(truncated)
+CASE(truncated_compressed)
+CASE(merge_staged)
 
 int main(int argc, char **argv)
 {
@@ -2142,6 +2767,10 @@ int main(int argc, char **argv)
 		{"sigkill_restore", case_sigkill_restore_},
 		{"progress", case_progress_},
 		{"confined", case_confined_},
+		{"whole_archive", case_whole_archive_},
+		{"truncated", case_truncated_},
+		{"truncated_compressed", case_truncated_compressed_},
+		{"merge_staged", case_merge_staged_},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

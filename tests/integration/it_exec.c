@@ -548,6 +548,64 @@ static int case_timeout(void)
 	return 0;
 }
 
+/* The timeout's SIGTERM goes to the whole process group, not only to the leader: a member
+ * that traps TERM must see it at once, long before the grace period's SIGKILL (a shim that
+ * signalled only the leader would SIGKILL the member at the end of the grace, or as soon as
+ * the output closes, without its trap ever running). */
+static int case_timeout_group(void)
+{
+	struct sbx_client *c = start();
+	const char *mark = it_path("term"), *armed = it_path("armed");
+	char cmd[1024];
+	/* the member: its own sh in the leader's group, noting TERM in mark; the leader waits */
+	snprintf(cmd, sizeof(cmd),
+		 "sh -c 'trap \"echo TERM >> %s; exit 0\" TERM; echo $$ > %s; while :; do sleep 1; done' & wait", mark,
+		 armed);
+	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+	eo.shell = cmd;
+	eo.timeout_ms = 500;
+	eo.kill_grace_ms = 5000;
+	for (int attempt = 0;; attempt++) {
+		unlink(mark);
+		unlink(armed);
+		struct sbx_output out;
+		struct sbx_exit ex;
+		uint64_t t0 = it_now_ms();
+		run(c, &eo, NULL, 0, 0, &out, &ex);
+		uint64_t dt = it_now_ms() - t0;
+		sbx_output_free(&out);
+		CHECK(ex.timed_out);
+		CHECK_EQ(ex.signal, SIGTERM); /* the leader: default action */
+		size_t len = 0;
+		char got[64] = "";
+		int fd = open(mark, O_RDONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			ssize_t n = read(fd, got, sizeof(got) - 1);
+			len = n > 0 ? (size_t)n : 0;
+			got[len] = '\0';
+			close(fd);
+		}
+		if (len == 0 && access(armed, F_OK) < 0 && attempt < 3) {
+			/* the machine stalled for the whole timeout before the member had set its
+			 * trap (the TERM then killed it): that proves nothing, try again */
+			printf("the member had not set its trap after %d ms: again\n", eo.timeout_ms);
+			eo.timeout_ms *= 2;
+			continue;
+		}
+		printf("timeout %d ms, grace %d ms: the group's TERM trap ran, the command ended after %llu ms\n",
+		       eo.timeout_ms, eo.kill_grace_ms, (unsigned long long)dt);
+		CHECKF(strcmp(got, "TERM\n") == 0,
+		       "the group member's TERM trap did not run (\"%s\" in %s): the timeout's SIGTERM missed the group",
+		       got, mark);
+		/* the member ended on its trap, so nothing waited for the grace's SIGKILL */
+		CHECKF(dt < (uint64_t)eo.timeout_ms + 2500, "the command ended after %llu ms, grace %d ms",
+		       (unsigned long long)dt, eo.kill_grace_ms);
+		break;
+	}
+	sbx_client_close(c);
+	return 0;
+}
+
 /* Cancel kills the whole group, a background grandchild too. */
 static int case_cancel_group(void)
 {
@@ -1465,6 +1523,7 @@ static const struct it_case cases[] = {
 	{"spawn_errors", case_spawn_errors},
 	{"stdin_binary", case_stdin_binary},
 	{"timeout", case_timeout},
+	{"timeout_group", case_timeout_group},
 	{"cancel_group", case_cancel_group},
 	{"signal_by_id", case_signal_by_id},
 	{"backpressure", case_backpressure},

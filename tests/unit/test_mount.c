@@ -31,13 +31,9 @@ static void put(const char *rel, const char *content)
 START_TEST(test_bucket_names)
 {
 	struct shim_err e;
-	static const char *const good[] = {"abc",
-					   "my-bucket",
-					   "my.bucket.2",
-					   "0ab",
-					   "a-b.c-d",
-					   "bucket-63-chars-"
-					   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
+	static const char *const good[] = {
+		"abc", "my-bucket", "my.bucket.2",
+		"0ab", "a-b.c-d",   "bucket-63-chars-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
 		ck_assert_msg(mount_check_bucket(good[i], &e) == 0, "%s refused: %s", good[i], e.msg);
 	static const char *const bad[] = {

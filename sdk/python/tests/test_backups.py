@@ -146,6 +146,37 @@ class Backup(ShimCase):
             self.shim.backups.restore(src, b"this is not a tar stream" * 100)
         self.assertEqual(snapshot(src), before)
 
+    def test_only_whole_archives(self) -> None:
+        # a cut archive, one without its end blocks, and one without members are refused
+        # with EBADMSG (in both modes) and leave the directory as it was
+        dst = self.p("whole")
+        os.mkdir(dst)
+        with open(os.path.join(dst, "keep"), "wb") as f:
+            f.write(b"old contents")
+        src = self.p("src")
+        os.mkdir(src)
+        for n, size in (("a", 5000), ("b", 3000)):
+            with open(os.path.join(src, n), "wb") as f:
+                f.write(os.urandom(size))
+        buf = io.BytesIO()
+        self.shim.backups.backup(src, buf, compression="none")
+        good = buf.getvalue()
+        for name, bad in (("cut", good[:2100]), ("no end", good[:512]),
+                          ("zeros", bytes(8704)), ("empty", bytes(1024))):
+            for merge in (False, True):
+                with self.subTest(name=name, merge=merge):
+                    with self.assertRaises(SandboxError) as cm:
+                        self.shim.backups.restore(dst, bad, merge=merge)
+                    self.assertEqual(cm.exception.errno_name, "EBADMSG", cm.exception)
+                    self.assertEqual(sorted(os.listdir(dst)), ["keep"])
+                    self.assertEqual(slurp(os.path.join(dst, "keep")), b"old contents")
+        # allow_empty: the empty archive makes an empty directory
+        r = self.shim.backups.restore(dst, bytes(1024), allow_empty=True)
+        self.assertEqual(r["entries"], 0)
+        self.assertEqual(os.listdir(dst), [])
+        with self.assertRaises(TypeError):
+            self.shim.backups.restore(dst, bytes(1024), allow_empty="yes")  # type: ignore[arg-type]
+
     def test_errors_and_validation(self) -> None:
         b = self.shim.backups
         with self.assertRaises(SandboxFileNotFoundError):

@@ -577,7 +577,7 @@ def backup_record(res: "_pb.Result") -> Dict[str, Any]:
 
 
 def restore_req(dir: Any, sha256: Optional[str], merge: bool, allow_devices: bool,
-                from_path: Optional[bytes]) -> "_pb.Request":
+                from_path: Optional[bytes], allow_empty: bool = False) -> "_pb.Request":
     d = fspath(dir, "dir")
     if sha256 is not None:
         if not isinstance(sha256, str):
@@ -586,8 +586,10 @@ def restore_req(dir: Any, sha256: Optional[str], merge: bool, allow_devices: boo
             raise ValueError("sha256 must be 64 hex digits")
     check_bool("merge", merge)
     check_bool("allow_devices", allow_devices)
+    check_bool("allow_empty", allow_empty)
     return R(restore=_pb.RestoreRequest(dir=d, mode=1 if merge else None, sha256=sha256.lower() if sha256 else None,
-                                        from_path=from_path, allow_devices=allow_devices or None))
+                                        from_path=from_path, allow_devices=allow_devices or None,
+                                        allow_empty=allow_empty or None))
 
 
 def restore_result(res: "_pb.Result") -> Dict[str, Any]:

@@ -7756,13 +7756,14 @@ RestoreMode_NAMES = {
 class RestoreRequest(_Message):
     """message shim.v1.RestoreRequest"""
 
-    __slots__ = ("dir", "mode", "sha256", "from_path", "allow_devices")
+    __slots__ = ("dir", "mode", "sha256", "from_path", "allow_devices", "allow_empty")
     _FIELDS = (
         (1, "dir", "required", "scalar", "bytes", None),
         (2, "mode", "optional", "enum", "RestoreMode", None),
         (3, "sha256", "optional", "scalar", "string", None),
         (4, "from_path", "optional", "scalar", "bytes", None),
         (5, "allow_devices", "optional", "scalar", "bool", None),
+        (6, "allow_empty", "optional", "scalar", "bool", None),
     )
 
     def __init__(
@@ -7773,12 +7774,16 @@ class RestoreRequest(_Message):
         sha256: str | None = None,  # expected sha256 (hex) of the stream: checked before the swap
         from_path: bytes | None = None,  # read the archive from this file in the sandbox
         allow_devices: bool | None = None,  # extract device nodes (refused by default)
+        # an archive without members (only the end-of-archive blocks) is refused with
+        # EBADMSG unless this is set: then dir becomes an empty directory (merge: unchanged)
+        allow_empty: bool | None = None,
     ) -> None:
         self.dir = dir
         self.mode = mode
         self.sha256 = sha256
         self.from_path = from_path
         self.allow_devices = allow_devices
+        self.allow_empty = allow_empty
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -7813,6 +7818,14 @@ class RestoreRequest(_Message):
                 out += b"\x28\x00"
             else:
                 raise _type_error("RestoreRequest.allow_devices", v, "bool")
+        v = self.allow_empty
+        if v is not None:
+            if v is True:
+                out += b"\x30\x01"
+            elif v is False:
+                out += b"\x30\x00"
+            else:
+                raise _type_error("RestoreRequest.allow_empty", v, "bool")
         return bytes(out)
 
     @classmethod
@@ -7828,6 +7841,7 @@ class RestoreRequest(_Message):
         self.sha256 = None
         self.from_path = None
         self.allow_devices = None
+        self.allow_empty = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -7861,6 +7875,14 @@ class RestoreRequest(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFFFFFFFFFF
                 self.allow_devices = v != 0
+            elif tag == 48:  # field 6 allow_empty: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.allow_empty = v != 0
             else:
                 pos = _skip(data, pos, end, tag, RestoreRequest._NUMBERS, "RestoreRequest")
         if pos != end:

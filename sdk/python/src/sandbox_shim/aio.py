@@ -709,6 +709,7 @@ class AsyncBackups:
         sha256: Optional[str] = None,
         merge: bool = False,
         allow_devices: bool = False,
+        allow_empty: bool = False,
         sandbox_path: Optional[PathLike] = None,
         progress: Optional[Progress] = None,
         timeout: Optional[float] = None,
@@ -716,7 +717,7 @@ class AsyncBackups:
     ) -> RestoreResult:
         frm = _check_ends(source is not None, sandbox_path,
                           "give either source (a local path, bytes or a readable file) or sandbox_path")
-        req = _ops.restore_req(dir, sha256, merge, allow_devices, frm)
+        req = _ops.restore_req(dir, sha256, merge, allow_devices, frm, allow_empty)
         progress = _ops.progress_arg(progress)
         body, local = local_source(source) if source is not None else (None, None)
         check_abort(abort)

@@ -132,6 +132,7 @@ class Backups:
         sha256: Optional[str] = None,
         merge: bool = False,
         allow_devices: bool = False,
+        allow_empty: bool = False,
         sandbox_path: Optional[PathLike] = None,
         progress: Optional[Progress] = None,
         timeout: Optional[float] = None,
@@ -140,11 +141,14 @@ class Backups:
         """Restore ``dir`` from an archive made by backup(): ``source`` is a local
         path, a readable file-like object, or bytes (or, with ``sandbox_path``, a file
         inside the sandbox). ``sha256`` (hex) is checked before the swap: a mismatch
-        leaves ``dir`` as it was. ``merge`` extracts into the directory as it is
-        instead of replacing it atomically."""
+        leaves ``dir`` as it was. ``merge`` adds the archive's entries to the directory
+        as it is instead of replacing it. Only one whole archive is accepted: one cut
+        short, without its end-of-archive blocks, with data after them, or (unless
+        ``allow_empty``) without members fails with EBADMSG and ``dir`` stays as it
+        was, in either mode."""
         frm = _check_ends(source is not None, sandbox_path,
                           "give either source (a local path, bytes or a readable file) or sandbox_path")
-        req = _ops.restore_req(dir, sha256, merge, allow_devices, frm)
+        req = _ops.restore_req(dir, sha256, merge, allow_devices, frm, allow_empty)
         progress = _ops.progress_arg(progress)
         body, local = local_source(source) if source is not None else (None, None)
         check_abort(abort)
