@@ -536,7 +536,13 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 	struct stat st;
 	if (fstat(w->fd, &st) < 0)
 		return wr_fail(w, errno, "stat");
-	w->positional = S_ISREG(st.st_mode) && !append;
+	/* Positional writes only where the kernel takes them: a proc file (and other
+	 * seq_file ones) is S_ISREG but refuses pwrite with ESPIPE, so it is written
+	 * sequentially from where the open left it, as a FIFO or a device is. A pwritev
+	 * of no bytes asks without side effects: the kernel checks FMODE_PWRITE first and
+	 * returns before calling the file's write handler for an empty vector. */
+	struct iovec none = {0};
+	w->positional = S_ISREG(st.st_mode) && !append && pwritev(w->fd, &none, 0, 0) == 0;
 	return 0;
 }
 
@@ -705,6 +711,9 @@ static void wr_write_run(struct wr *w)
 	w->rc = 0;
 }
 
+/* The message of a write whose directory fsync failed after the rename. */
+#define DIR_SYNC_FAILED "fsync of the directory after the rename: the new file is in place but may not survive a crash"
+
 /* Make the bytes durable and, in atomic mode, put them in place. */
 static void wr_commit_run(struct wr *w)
 {
@@ -746,12 +755,23 @@ static void wr_commit_run(struct wr *w)
 			return;
 		}
 		w->tmp_made = false;
-		/* the rename itself must survive a crash */
+		/* The rename itself must survive a crash. If that cannot be made sure of,
+		 * the write fails although the new file is in place (PROTOCOL.md 12.1):
+		 * an END would promise durability, and the old file is gone already, so
+		 * the error says so. EINVAL: a filesystem that cannot sync a directory.
+		 * A directory the shim may write but not read cannot be opened for the
+		 * fsync at all: that is only logged. */
 		int dirfd = openat(w->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (dirfd >= 0) {
-			if (fsync(dirfd) < 0 && errno != EINVAL)
-				log_warn("write %s: fsync of the directory: %s", w->p.abs, strerror(errno));
+		if (dirfd < 0) {
+			log_warn("write %s: cannot open the directory to fsync it: %s", w->p.abs, strerror(errno));
+		} else {
+			rc = fsync(dirfd);
+			int en = errno;
 			close(dirfd);
+			if (rc < 0 && en != EINVAL) {
+				wr_fail(w, en, DIR_SYNC_FAILED);
+				return;
+			}
 		}
 	} else {
 		if ((w->has_mode || w->created) && fchmod(w->fd, w->has_mode ? w->mode : 0644) < 0) {

@@ -27,8 +27,8 @@
  * the one reaper knows its pid before it can exit:
  *
  *   request -> PREPARE job (checks, runtime dir, 0600 config, argv) -> preflight
- *   child (rclone lsf, one try: a refused key or a dead server fails fast, in the
- *   server's words) -> rclone mount -> WAIT job (mountinfo, statfs, listing) ->
+ *   child (rclone lsf, one try: a refused key, a dead server or a missing bucket
+ *   fails fast, in the server's words) -> rclone mount -> WAIT job (mountinfo, statfs, listing) ->
  *   LIVE, answered with the record. The deadline timer bounds it all: it kills a
  *   preflight that hangs, and rclone when the WAIT job is stuck in the kernel.
  *   Any failure or a cancel: TERM to rclone (KILL later), and once the reaper has
@@ -560,9 +560,17 @@ static void pf_exited(void *ud, pid_t pid, int status)
 		abort_start(m);
 		return;
 	}
-	/* 3: directory not found (an empty prefix; a missing bucket shows up later) */
-	if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 3)) {
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
 		start_rclone(m);
+		return;
+	}
+	/* 3: "directory not found", rclone's word for a 404 to the listing, which S3 gives
+	 * only for a bucket that does not exist (a prefix with nothing under it lists
+	 * empty). It must fail here: rclone mount would start all the same, show an
+	 * empty directory and pass the liveness check. */
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+		err_set(&m->fail, ENOENT, m->bucket, "bucket %s does not exist", m->bucket);
+		abort_start(m);
 		return;
 	}
 	char what[96];

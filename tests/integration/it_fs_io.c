@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -141,6 +142,21 @@ static void wait_temps(const char *dir, int want, unsigned timeout_ms)
 	int n;
 	while ((n = count_temps(dir)) != want) {
 		CHECKF(it_now_ms() < deadline, "%s holds %d temp files, not %d, after %u ms", dir, n, want, timeout_ms);
+		it_sleep_ms(5);
+	}
+}
+
+/* Wait until dir (the pending-writes journal) holds want entries. A cancelled or
+ * abandoned write is cleaned up after its stream has ended: the temp file goes first,
+ * then its journal entry (so that a crash in between leaves an entry naming nothing,
+ * never a temp file that no entry names), so a test that has seen the temp file go
+ * must wait for the entry too. */
+static void wait_entries(const char *dir, int want, unsigned timeout_ms)
+{
+	uint64_t deadline = it_now_ms() + timeout_ms;
+	int n;
+	while ((n = count_entries(dir)) != want) {
+		CHECKF(it_now_ms() < deadline, "%s holds %d entries, not %d, after %u ms", dir, n, want, timeout_ms);
 		it_sleep_ms(5);
 	}
 }
@@ -864,6 +880,100 @@ static int case_fifo(void)
 	return 0;
 }
 
+/* ---- no_atomic writes to files that cannot seek ---- */
+
+struct pipe_drain {
+	const char *path;
+	uint8_t *buf;
+	size_t len, cap;
+	int err;
+};
+
+/* Read the FIFO until its writer closes it. */
+static void *drain_thread(void *arg)
+{
+	struct pipe_drain *d = arg;
+	int fd = open(d->path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		d->err = errno;
+		return NULL;
+	}
+	while (d->len < d->cap) {
+		ssize_t n = read(fd, d->buf + d->len, d->cap - d->len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			d->err = errno;
+		if (n <= 0)
+			break;
+		d->len += (size_t)n;
+	}
+	close(fd);
+	return NULL;
+}
+
+/* no_atomic writes to what cannot take a positional write are written sequentially:
+ * a FIFO (its reader gets exactly the bytes, more than a pipe holds), a character
+ * device, and a proc file, which is S_ISREG but refuses pwrite (ESPIPE before). */
+static int case_nonseekable(void)
+{
+	struct sbx_client *c = start("shim", NULL);
+	struct sbx_error err;
+	struct sbx_stat st;
+	const char *fifo = it_path("fifo");
+	CHECK(mkfifo(fifo, 0600) == 0);
+	static uint8_t data[1 * MiB + 777];
+	it_fill(data, sizeof(data), 16);
+	static uint8_t got[sizeof(data) + 1];
+	struct pipe_drain d = {.path = fifo, .buf = got, .cap = sizeof(got)};
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, drain_thread, &d) == 0);
+	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, fifo, SBX_WRITE_NO_ATOMIC, SBX_MODE_KEEP, data, sizeof(data), &st,
+				     &err),
+		  &err);
+	CHECK(pthread_join(th, NULL) == 0);
+	CHECKF(d.err == 0, "reading the FIFO: %s", strerror(d.err));
+	CHECKF(d.len == sizeof(data) && memcmp(got, data, sizeof(data)) == 0,
+	       "the FIFO's reader got %zu bytes, not the %zu written (or other bytes)", d.len, sizeof(data));
+	CHECK_EQ(st.type, SBX_FT_FIFO);
+	struct stat ls;
+	CHECK(lstat(fifo, &ls) == 0 && S_ISFIFO(ls.st_mode));
+
+	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, "/dev/null", SBX_WRITE_NO_ATOMIC, SBX_MODE_KEEP, data,
+				     sizeof(data), &st, &err),
+		  &err);
+	CHECK_EQ(st.type, SBX_FT_CHARACTER_DEVICE);
+	CHECK(stat("/dev/null", &ls) == 0 && S_ISCHR(ls.st_mode));
+
+	/* a proc file of a child of ours: its timer slack, which the daemon (root, or
+	 * CAP_SYS_NICE) may set and we can read back */
+	pid_t kid = fork();
+	CHECK(kid >= 0);
+	if (kid == 0) {
+		for (;;)
+			pause();
+	}
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/%d/timerslack_ns", (int)kid);
+	int wr = sbx_write_file_buf(c, &no_timeout, proc, SBX_WRITE_NO_ATOMIC, SBX_MODE_KEEP, "123457\n", 7, &st, &err);
+	char back[32] = "";
+	int fd = open(proc, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, back, sizeof(back) - 1);
+		back[n > 0 ? n : 0] = '\0';
+		close(fd);
+	}
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	CHECKF(wr == 0, "no_atomic write to %s: %s", proc, it_errstr(&err));
+	CHECK_EQ(st.type, SBX_FT_FILE);
+	CHECKF(strcmp(back, "123457\n") == 0, "%s reads '%s' after the write", proc, back);
+	CHECK_EQ(count_temps(it_dir()), 0);
+	wait_streams_idle(c);
+	sbx_client_close(c);
+	return 0;
+}
+
 /* ---- writes that do not finish ---- */
 
 /* A source that hands out `first` bytes, then blocks until told to go on (or the
@@ -952,8 +1062,8 @@ static int case_cancel_write(void)
 	CHECK_ERR(&w.err, SBX_ERR_LOCAL, ECANCELED);
 	CHECK(w.done_at - fired < 500);
 	wait_temps(it_dir(), 0, 5000);
+	wait_entries(it_path("shim.state/pending-writes"), 0, 5000);
 	check_local(path, old_data, sizeof(old_data));
-	CHECK_EQ(count_entries(it_path("shim.state/pending-writes")), 0);
 
 	/* a source that fails: its errno, and the same clean-up */
 	struct slow_source fail = {.first = 300 * KiB, .go = 1, .then = -1, .then_errno = EIO};
@@ -964,7 +1074,7 @@ static int case_cancel_write(void)
 	wait_temps(it_dir(), 0, 5000);
 	check_local(path, old_data, sizeof(old_data));
 	wait_streams_idle(c);
-	CHECK_EQ(count_entries(it_path("shim.state/pending-writes")), 0);
+	wait_entries(it_path("shim.state/pending-writes"), 0, 5000);
 	sbx_cancel_free(w.tok);
 	sbx_client_close(c);
 	return 0;
@@ -1008,7 +1118,7 @@ static int case_disconnect_write(void)
 			close(fd);
 	}
 	wait_streams_idle(c);
-	CHECK_EQ(count_entries(it_path("shim.state/pending-writes")), 0);
+	wait_entries(it_path("shim.state/pending-writes"), 0, 5000);
 	/* closing our own SDK client in the middle: the same */
 	struct sbx_client *c2 = it_connect(it_unix_target(it_path("shim.sock")), NULL);
 	struct slow_source src = {.first = 200 * KiB, .then = -1, .then_errno = EIO};
@@ -1378,6 +1488,177 @@ static int case_confined(void)
 	return 0;
 }
 
+/* ---- durability: fsync failures injected into the daemon (fsync_fault.c, LD_PRELOAD) ---- */
+
+/* Does the interposer's log hold a line starting with prefix? */
+static bool fault_logged(const char *log, const char *prefix)
+{
+	size_t len = 0;
+	char *text = (char *)slurp(log, &len);
+	if (text == NULL)
+		return false;
+	text[len] = '\0';
+	bool found = false;
+	for (char *line = text; line != NULL && *line != '\0' && !found;) {
+		found = strncmp(line, prefix, strlen(prefix)) == 0;
+		line = strchr(line, '\n');
+		if (line != NULL)
+			line++;
+	}
+	free(text);
+	return found;
+}
+
+/* A daemon whose fsync/fdatasync fail with EIO for fds whose path matches the glob match;
+ * *logp: the interposer's log. Skips when LD_PRELOAD cannot reach the daemon (static). */
+static struct sbx_client *start_faulty(const char *match, const char **logp)
+{
+#ifdef SHIM_IS_STATIC
+	(void)match;
+	(void)logp;
+	printf("the daemon is linked statically: LD_PRELOAD cannot reach it, skipped\n");
+	exit(IT_SKIP);
+#else
+	/* (it_path() reuses its buffers: the log's path is kept here) */
+	static char log[PATH_MAX], env_match[PATH_MAX + 32], env_log[PATH_MAX + 32], env_asan[1024], target[PATH_MAX];
+	const char *sock = it_path("faulty.sock");
+	snprintf(log, sizeof(log), "%s", it_path("fault.log"));
+	snprintf(env_match, sizeof(env_match), "FSYNC_FAULT_MATCH=%s", match);
+	snprintf(env_log, sizeof(env_log), "FSYNC_FAULT_LOG=%s", log);
+	/* an ASan daemon insists on its runtime coming first; the interposer does not touch
+	 * memory ASan watches */
+	const char *asan = getenv("ASAN_OPTIONS");
+	snprintf(env_asan, sizeof(env_asan), "ASAN_OPTIONS=%s%sverify_asan_link_order=0", asan ? asan : "",
+		 asan && asan[0] ? ":" : "");
+	snprintf(target, sizeof(target), "unix:%s", sock);
+	const char *argv[] = {
+		"env",         "LD_PRELOAD=" FSYNC_FAULT_SO, env_match, env_log, env_asan, SHIM_BIN, "--listen", target,
+		"--state-dir", it_path("faulty.state"),      NULL};
+	struct it_daemon *d = it_daemon_start_argv("faulty", argv);
+	char want[64];
+	snprintf(want, sizeof(want), "loaded %d\n", (int)d->pid);
+	CHECKF(fault_logged(log, want), "the fsync interposer %s is not loaded in the daemon (no \"%s\" in %s)",
+	       FSYNC_FAULT_SO, want, log);
+	*logp = log;
+	return it_connect(target, NULL);
+#endif
+}
+
+static ino_t inode_of(const char *path)
+{
+	struct stat st;
+	CHECKF(stat(path, &st) == 0, "stat %s: %s", path, strerror(errno));
+	return st.st_ino;
+}
+
+/* The temp file's fsync before the rename fails: the write fails with EIO and leaves the
+ * old file as it was (same inode, same bytes), no temp file and no journal entry; a new
+ * name is not created. (A daemon that skipped this fsync would report success.) */
+static int case_fsync_temp(void)
+{
+	char dir[PATH_MAX], other[PATH_MAX], match[PATH_MAX + 16], path[PATH_MAX + 16], fresh[PATH_MAX + 16];
+	CHECK(mkdir(it_path("d"), 0755) == 0 && mkdir(it_path("other"), 0755) == 0);
+	CHECK(realpath(it_path("d"), dir) != NULL && realpath(it_path("other"), other) != NULL);
+	snprintf(match, sizeof(match), "%s/.*.sbx-*", dir);
+	snprintf(path, sizeof(path), "%s/target", dir);
+	snprintf(fresh, sizeof(fresh), "%s/fresh", dir);
+	char journal[PATH_MAX];
+	snprintf(journal, sizeof(journal), "%s", it_path("faulty.state/pending-writes"));
+	const char *log;
+	struct sbx_client *c = start_faulty(match, &log);
+
+	uint8_t old[100000];
+	it_fill(old, sizeof(old), 41);
+	put_local(path, old, sizeof(old));
+	ino_t ino = inode_of(path);
+	size_t n = 600 * KiB; /* more than one window: several write jobs before the commit */
+	uint8_t *data = malloc(n);
+	CHECK(data != NULL);
+	it_fill(data, n, 42);
+
+	const char *targets[] = {path, fresh};
+	for (int i = 0; i < 2; i++) {
+		struct sbx_error err;
+		memset(&err, 0, sizeof(err));
+		CHECKF(sbx_write_file_buf(c, NULL, targets[i], 0, SBX_MODE_KEEP, data, n, NULL, &err) < 0,
+		       "write %s succeeded although the fsync of its temp file failed", targets[i]);
+		CHECK_ERR(&err, SBX_ERR_REMOTE, EIO);
+		CHECK_CONTAINS(err.message, "fsync");
+		CHECK(strcmp(err.path, targets[i]) == 0);
+		/* the ERROR comes after the clean-up: nothing to wait for */
+		check_local(path, old, sizeof(old));
+		CHECK_EQ(inode_of(path), ino);
+		CHECKF(access(fresh, F_OK) < 0 && errno == ENOENT, "%s exists after the failed write", fresh);
+		CHECK_EQ(count_temps(dir), 0);
+		CHECK_EQ(count_entries(dir), 1);
+		CHECK_EQ(count_entries(journal), 0);
+	}
+	char want[PATH_MAX + 32];
+	snprintf(want, sizeof(want), "fsync %s/.target.sbx-", dir);
+	CHECKF(fault_logged(log, want), "the interposer failed no fsync of a temp file of %s", path);
+
+	/* elsewhere the same daemon writes as usual */
+	char ok[PATH_MAX + 16];
+	snprintf(ok, sizeof(ok), "%s/file", other);
+	struct sbx_error err;
+	CHECK_SBX(sbx_write_file_buf(c, NULL, ok, 0, SBX_MODE_KEEP, data, n, NULL, &err), &err);
+	check_local(ok, data, n);
+	CHECK_EQ(count_entries(journal), 0);
+	free(data);
+	sbx_client_close(c);
+	return 0;
+}
+
+/* The directory's fsync after the rename fails: the new file is in place, but the write
+ * must not report success (PROTOCOL.md 12.1): EIO saying so, no temp file, no journal
+ * entry. (A daemon that skipped this fsync, or ignored its failure, would report success.) */
+static int case_fsync_dir(void)
+{
+	char dir[PATH_MAX], other[PATH_MAX], path[PATH_MAX + 16];
+	CHECK(mkdir(it_path("d"), 0755) == 0 && mkdir(it_path("other"), 0755) == 0);
+	CHECK(realpath(it_path("d"), dir) != NULL && realpath(it_path("other"), other) != NULL);
+	snprintf(path, sizeof(path), "%s/target", dir);
+	char journal[PATH_MAX];
+	snprintf(journal, sizeof(journal), "%s", it_path("faulty.state/pending-writes"));
+	const char *log;
+	struct sbx_client *c = start_faulty(dir, &log);
+
+	uint8_t old[100000];
+	it_fill(old, sizeof(old), 43);
+	put_local(path, old, sizeof(old));
+	ino_t ino = inode_of(path);
+	size_t n = 600 * KiB;
+	uint8_t *data = malloc(n);
+	CHECK(data != NULL);
+	it_fill(data, n, 44);
+
+	struct sbx_error err;
+	memset(&err, 0, sizeof(err));
+	CHECKF(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, data, n, NULL, &err) < 0,
+	       "write %s succeeded although the fsync of its directory failed", path);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EIO);
+	CHECK_CONTAINS(err.message, "fsync of the directory after the rename");
+	CHECK_CONTAINS(err.message, "the new file is in place");
+	CHECK(strcmp(err.path, path) == 0);
+	/* the rename happened: the new bytes, in a new inode */
+	check_local(path, data, n);
+	CHECK(inode_of(path) != ino);
+	CHECK_EQ(count_temps(dir), 0);
+	CHECK_EQ(count_entries(dir), 1);
+	CHECK_EQ(count_entries(journal), 0);
+	char want[PATH_MAX + 16];
+	snprintf(want, sizeof(want), "fsync %s\n", dir);
+	CHECKF(fault_logged(log, want), "the interposer failed no fsync of %s", dir);
+
+	char ok[PATH_MAX + 16];
+	snprintf(ok, sizeof(ok), "%s/file", other);
+	CHECK_SBX(sbx_write_file_buf(c, NULL, ok, 0, SBX_MODE_KEEP, data, n, NULL, &err), &err);
+	check_local(ok, data, n);
+	free(data);
+	sbx_client_close(c);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -1393,6 +1674,7 @@ int main(int argc, char **argv)
 		{"errors", case_errors},
 		{"read_error_midway", case_read_error_midway},
 		{"fifo", case_fifo},
+		{"nonseekable", case_nonseekable},
 		{"cancel_write", case_cancel_write},
 		{"disconnect_write", case_disconnect_write},
 		{"sigkill_write", case_sigkill_write},
@@ -1402,6 +1684,8 @@ int main(int argc, char **argv)
 		{"enospc", case_enospc},
 		{"bind_mounted", case_bind_mounted},
 		{"confined", case_confined},
+		{"fsync_temp", case_fsync_temp},
+		{"fsync_dir", case_fsync_dir},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

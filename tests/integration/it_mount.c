@@ -1,7 +1,8 @@
 /* it_mount.c: S3 bucket mounts against a real S3 server (npm s3rver on loopback), checked with rclone
  * straight against the bucket: writes through the shim and through commands, reads of objects put
- * from outside, read-only and prefix mounts, refused keys, a dead server, secrets kept out of every
- * argv and environment, rclone killed or stopped, unmount, shutdown, and every validation error. */
+ * from outside, read-only and prefix mounts, refused keys, a missing bucket, a dead server, secrets
+ * kept out of every argv and environment, rclone killed or stopped, unmount, shutdown, and every
+ * validation error. */
 #include "harness.h"
 
 #include <errno.h>
@@ -536,6 +537,50 @@ static int case_bad_key(void)
 	CHECK_CONTAINS(err.message, "InvalidAccessKeyId");
 	CHECK(strstr(err.message, "whatever") == NULL);
 	check_nothing_left(c, mnt);
+	stop_all();
+	return 0;
+}
+
+/* A bucket that does not exist: rclone mount alone would start and show an empty
+ * directory (and create the bucket on the first write); the preflight's listing gets
+ * a 404, so the mount fails with ENOENT and leaves nothing, with or without a prefix.
+ * A prefix with nothing under it in a bucket that exists is no error. */
+static int case_no_bucket(void)
+{
+	s3_start();
+	struct sbx_client *c = start_shim();
+	char mnt[1024];
+	keep(mnt, it_path("nob"));
+	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
+	struct sbx_error err;
+	for (int with_prefix = 0; with_prefix < 2; with_prefix++) {
+		mo.prefix = with_prefix ? "some/prefix" : NULL;
+		uint64_t t0 = it_now_ms();
+		CHECKF(sbx_mount(c, &no_timeout, "nosuchbucket", mnt, &mo, NULL, &err) < 0,
+		       "a mount of a bucket that does not exist succeeded%s", with_prefix ? " (with a prefix)" : "");
+		fprintf(stderr, "no such bucket%s: after %llu ms: %s\n", with_prefix ? " (prefix)" : "",
+			(unsigned long long)(it_now_ms() - t0), it_errstr(&err));
+		CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
+		CHECK_CONTAINS(err.message, "bucket nosuchbucket does not exist");
+		CHECK_CONTAINS(err.message, "rclone: ");
+		check_nothing_left(c, mnt);
+	}
+	/* not created on the way */
+	char buckets[4096];
+	CHECK(s3sh(buckets, sizeof(buckets), "s3_rclone lsd s3:") == 0);
+	CHECK(strstr(buckets, "nosuchbucket") == NULL);
+	CHECK(strstr(buckets, "bkt") != NULL);
+	/* an empty prefix of a bucket that exists mounts, empty, and takes a file */
+	mo.prefix = "fresh";
+	struct sbx_mount_record rec;
+	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
+	CHECK_EQ(rec.state, SBX_MOUNT_LIVE);
+	CHECK_EQ(it_count_entries(mnt), 0);
+	char p[1200];
+	snprintf(p, sizeof(p), "%s/f.txt", mnt);
+	write_str(c, p, "fresh");
+	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, NULL, &err), &err);
+	CHECK(strcmp(s3_cat("fresh/f.txt"), "fresh") == 0);
 	stop_all();
 	return 0;
 }
@@ -1083,6 +1128,7 @@ int main(int argc, char **argv)
 		{"read_only", case_read_only},
 		{"prefix", case_prefix},
 		{"bad_key", case_bad_key},
+		{"no_bucket", case_no_bucket},
 		{"server_down", case_server_down},
 		{"blackhole", case_blackhole},
 		{"secrets", case_secrets},

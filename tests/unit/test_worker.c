@@ -1,4 +1,4 @@
-/* test_worker.c: unit tests for the worker pool: jobs run off the loop, done() on it, and the pool grows past a stuck job. */
+/* test_worker.c: unit tests for the worker pool: jobs run off the loop, done() on it, the pool grows past a stuck job, idle threads expire on the monotonic clock. */
 #include <check.h>
 #include <ev.h>
 #include <poll.h>
@@ -13,6 +13,9 @@
 #include "worker.h"
 
 #define WAIT_MS 2000
+#ifndef IDLE_EXIT_SECONDS
+#error "build with worker.c and -DIDLE_EXIT_SECONDS=1 (tests/unit/CMakeLists.txt)"
+#endif
 
 struct job {
 	struct work work;
@@ -30,6 +33,20 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static bool released;
 static int blocked_now;
+
+/* The wall clock as this executable's own objects (worker.c among them) read it: the
+ * real one plus wall_offset seconds. The link wraps clock_gettime (-Wl,--wrap), so only
+ * calls compiled into the test are redirected; libc's and libev's are not. */
+static time_t wall_offset;
+int __real_clock_gettime(clockid_t id, struct timespec *ts);
+int __wrap_clock_gettime(clockid_t id, struct timespec *ts);
+int __wrap_clock_gettime(clockid_t id, struct timespec *ts)
+{
+	int rc = __real_clock_gettime(id, ts);
+	if (rc == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE))
+		ts->tv_sec += wall_offset;
+	return rc;
+}
 
 static uint64_t now_ms(void)
 {
@@ -238,6 +255,60 @@ START_TEST(test_max_threads_bound)
 }
 END_TEST
 
+START_TEST(test_idle_expiry)
+{
+	/* Threads added under load leave after IDLE_EXIT_SECONDS (1 s in this build) of
+	 * quiet, on the monotonic clock: not earlier, not later, wherever the wall clock
+	 * is. A wall clock an hour ahead of the kernel's, as read when the deadline is
+	 * taken, is what a clock set back by an hour right then looks like to a timed wait
+	 * on CLOCK_REALTIME: it would keep the threads for an hour; an hour behind, a clock
+	 * set forward: it would end them at once. */
+	static const time_t offsets[] = {0, 3600, -3600};
+	wall_offset = offsets[_i];
+	static struct job block[3], quick;
+	ck_assert_int_eq(worker_init(L, 1, 4), 0);
+	for (int i = 0; i < 3; i++) {
+		job_init(&block[i], true);
+		worker_submit(&block[i].work);
+	}
+	wait_blocked(3);
+	/* The three threads running the jobs are the ones timed here: their idle waits
+	 * start after t0. (The pool may hold one more, idle since before t0, or on
+	 * probation and about to leave: it may go at any time.) */
+	ck_assert_uint_ge(worker_threads(), 3);
+	uint64_t t0 = now_ms();
+	release_blocked();
+	pump_until_dones(3, WAIT_MS);
+	ck_assert_int_eq(dones, 3);
+	uint64_t first_gone = 0, all_gone = 0, deadline = t0 + IDLE_EXIT_SECONDS * 1000u + 3000u;
+	while (now_ms() < deadline) {
+		unsigned n = worker_threads();
+		uint64_t t = now_ms();
+		if (n < 3 && first_gone == 0)
+			first_gone = t;
+		if (n == 1) {
+			all_gone = t;
+			break;
+		}
+		poll(NULL, 0, 2);
+	}
+	ck_assert_msg(first_gone != 0 && all_gone != 0,
+		      "wall clock %+lds: %u threads, not 1, %u ms after the jobs ended (idle timeout %u s)",
+		      (long)wall_offset, worker_threads(), (unsigned)(now_ms() - t0), IDLE_EXIT_SECONDS);
+	/* ms truncation on both readings: a few ms of slack */
+	ck_assert_msg(first_gone - t0 + 5 >= IDLE_EXIT_SECONDS * 1000u,
+		      "wall clock %+lds: an idle thread left %u ms after the jobs ended, before the %u s timeout",
+		      (long)wall_offset, (unsigned)(first_gone - t0), IDLE_EXIT_SECONDS);
+	/* min_threads stay, and the pool still works */
+	poll(NULL, 0, 50);
+	ck_assert_uint_eq(worker_threads(), 1);
+	job_init(&quick, false);
+	worker_submit(&quick.work);
+	pump_until_dones(4, WAIT_MS);
+	ck_assert_int_eq(quick.dones, 1);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
 	Suite *s = suite_create("worker");
@@ -249,6 +320,11 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_blocked_job_burst);
 	tcase_add_test(tc, test_max_threads_bound);
 	suite_add_tcase(s, tc);
+	TCase *idle = tcase_create("idle");
+	tcase_add_checked_fixture(idle, setup, teardown);
+	tcase_set_timeout(idle, 30);
+	tcase_add_loop_test(idle, test_idle_expiry, 0, 3);
+	suite_add_tcase(s, idle);
 	return s;
 }
 
