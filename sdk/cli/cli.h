@@ -24,7 +24,22 @@ struct ctx {
 	int timeout_ms; /* 0: the library's defaults */
 	int json;
 	int trace;
+	unsigned before;           /* GLOBAL_* bits: the global options given before the command */
 	const struct command *cmd; /* the subcommand being run; NULL while in main */
+};
+
+/* The global options, as bits of ctx.before. */
+enum {
+	GLOBAL_TARGET = 1u << 0,
+	GLOBAL_TOKEN_FILE = 1u << 1,
+	GLOBAL_TIMEOUT = 1u << 2,
+	GLOBAL_JSON = 1u << 3,
+	GLOBAL_TRACE = 1u << 4,
+};
+
+/* struct command flags */
+enum {
+	CMD_JSON = 1u << 0, /* has JSON output: --json is accepted */
 };
 
 /* One subcommand: fn gets argv starting at the command's name, with optind reset,
@@ -34,10 +49,22 @@ struct command {
 	int (*fn)(struct ctx *ctx, int argc, char **argv);
 	const char *usage;
 	const char *help;
+	unsigned flags; /* CMD_* */
 };
 
 /* Long options of a command that has none but --help. */
 extern const struct option help_only_opts[];
+
+/* ---- options (sbx.c) ---- */
+
+/* getopt_long() for a command's options that also takes the global options (-t/--target,
+ * --token-file, --timeout, --json, --trace) among them, as git and kubectl do, and stores
+ * them in ctx. An option the command defines itself keeps the command's meaning (exec's
+ * -t is --tty, its --timeout the command's). A global option also given before the
+ * command, --json on a command without JSON output, or a bad global value: the usage error
+ * is printed and CLI_OPT_FAILED returned, which other_option() turns into EXIT_USAGE. */
+int cli_getopt(struct ctx *ctx, int argc, char **argv, const char *shortopts, const struct option *longopts);
+#define CLI_OPT_FAILED 0x7ffe
 
 /* ---- errors and usage (sbx.c) ---- */
 
@@ -47,8 +74,8 @@ extern const struct option help_only_opts[];
 int fail(const struct sbx_error *err, const char *target);
 /* Print "sbx: CMD: message", the command's usage and a hint; returns EXIT_USAGE. */
 __attribute__((format(printf, 2, 3))) int usage_error(const struct ctx *ctx, const char *fmt, ...);
-/* What getopt_long returned that the command does not handle itself (-h, ':', '?'):
- * prints help or a usage error and returns the exit status. */
+/* What cli_getopt returned that the command does not handle itself (-h, ':', '?',
+ * CLI_OPT_FAILED): prints help or a usage error and returns the exit status. */
 int other_option(const struct ctx *ctx, char **argv, int opt);
 /* EXIT_OK if no argument is left after the options, else a usage error. */
 int no_more_args(const struct ctx *ctx, int argc, char **argv);
@@ -83,8 +110,9 @@ int parse_time(const char *s, struct sbx_timespec *out);
 /* Length of the valid UTF-8 sequence of at most len bytes at p (2-4 bytes), else 0
  * (also for ASCII). */
 size_t utf8_len(const unsigned char *p, size_t len);
-/* len bytes of s as a JSON string on stdout; bytes that are not valid UTF-8 come out
- * as \u00XX (so a name that is not UTF-8 cannot be told from its Latin-1 reading). */
+/* len bytes of s as a JSON string on stdout: the short escapes (\n, \t, \r, \b, \f, \",
+ * \\), other control characters and bytes that are not valid UTF-8 as \u00XX (so a name
+ * that is not UTF-8 cannot be told from its Latin-1 reading). */
 void json_strn(const char *s, size_t len);
 void json_str(const char *s);
 /* One aligned "key:   value" line on stdout. */

@@ -232,7 +232,7 @@ static int parse_level(const char *s, int *out)
 
 int cmd_backup(struct ctx *ctx, int argc, char **argv)
 {
-	enum { OPT_EXCLUDE = 256, OPT_COMPRESS, OPT_LEVEL, OPT_SKIP, OPT_TO, OPT_ONE_FS, OPT_JSON };
+	enum { OPT_EXCLUDE = 256, OPT_COMPRESS, OPT_LEVEL, OPT_SKIP, OPT_TO, OPT_ONE_FS };
 	static const struct option longopts[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"exclude", required_argument, NULL, OPT_EXCLUDE},
@@ -241,7 +241,6 @@ int cmd_backup(struct ctx *ctx, int argc, char **argv)
 		{"skip-unreadable", no_argument, NULL, OPT_SKIP},
 		{"one-file-system", no_argument, NULL, OPT_ONE_FS},
 		{"to", required_argument, NULL, OPT_TO},
-		{"json", no_argument, NULL, OPT_JSON},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -262,7 +261,7 @@ int cmd_backup(struct ctx *ctx, int argc, char **argv)
 		fprintf(stderr, "sbx: out of memory\n");
 		return EXIT_FAIL;
 	}
-	while ((opt = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":o:h", longopts)) != -1) {
 		switch (opt) {
 		case 'o':
 			output = optarg;
@@ -297,9 +296,6 @@ int cmd_backup(struct ctx *ctx, int argc, char **argv)
 			break;
 		case OPT_TO:
 			bo.to_path = optarg;
-			break;
-		case OPT_JSON:
-			ctx->json = 1;
 			break;
 		default:
 			free(excludes);
@@ -416,7 +412,7 @@ static int is_sha256(const char *s)
 
 int cmd_restore(struct ctx *ctx, int argc, char **argv)
 {
-	enum { OPT_MERGE = 256, OPT_SHA256, OPT_FROM, OPT_ALLOW_DEVICES, OPT_ALLOW_EMPTY, OPT_JSON };
+	enum { OPT_MERGE = 256, OPT_SHA256, OPT_FROM, OPT_ALLOW_DEVICES, OPT_ALLOW_EMPTY };
 	static const struct option longopts[] = {
 		{"input", required_argument, NULL, 'i'},
 		{"merge", no_argument, NULL, OPT_MERGE},
@@ -424,7 +420,6 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 		{"from", required_argument, NULL, OPT_FROM},
 		{"allow-devices", no_argument, NULL, OPT_ALLOW_DEVICES},
 		{"allow-empty", no_argument, NULL, OPT_ALLOW_EMPTY},
-		{"json", no_argument, NULL, OPT_JSON},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -439,7 +434,7 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 	const char *input = NULL;
 	int opt, rc, fd = -1;
 
-	while ((opt = getopt_long(argc, argv, ":i:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":i:h", longopts)) != -1) {
 		switch (opt) {
 		case 'i':
 			input = optarg;
@@ -460,9 +455,6 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 			break;
 		case OPT_ALLOW_EMPTY:
 			ro.allow_empty = 1;
-			break;
-		case OPT_JSON:
-			ctx->json = 1;
 			break;
 		default:
 			return other_option(ctx, argv, opt);

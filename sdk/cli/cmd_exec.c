@@ -249,7 +249,7 @@ static int parse_exec_args(struct ctx *ctx, int argc, char **argv, int shell, st
 	memset(a, 0, sizeof(*a));
 	a->eo = init;
 	/* '+': the command's own options are not ours */
-	while ((opt = getopt_long(argc, argv, "+:ith", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, "+:ith", longopts)) != -1) {
 		switch (opt) {
 		case OPT_CWD:
 			a->eo.cwd = optarg;
@@ -676,7 +676,7 @@ int cmd_eval(struct ctx *ctx, int argc, char **argv)
 	size_t n = 0;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, "+:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, "+:h", longopts)) != -1) {
 		if (opt != 'I') {
 			rc = other_option(ctx, argv, opt);
 			goto out;
@@ -810,21 +810,13 @@ static void ps_table(const struct ps_list *l)
 
 int cmd_ps(struct ctx *ctx, int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"json", no_argument, NULL, 'j'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	struct ps_list l = {0};
 	struct sbx_client *c;
 	struct sbx_error err;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-		if (opt != 'j')
-			return other_option(ctx, argv, opt);
-		ctx->json = 1;
-	}
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
+		return other_option(ctx, argv, opt);
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
@@ -858,7 +850,7 @@ int cmd_logs(struct ctx *ctx, int argc, char **argv)
 	char *buf;
 	long n;
 
-	while ((opt = getopt_long(argc, argv, ":fh", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":fh", longopts)) != -1) {
 		if (opt != 'f')
 			return other_option(ctx, argv, opt);
 		flags |= SBX_ATTACH_FOLLOW;
@@ -906,7 +898,7 @@ int cmd_kill(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int opt, rc, sig = SIGTERM;
 
-	while ((opt = getopt_long(argc, argv, ":s:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":s:h", longopts)) != -1) {
 		if (opt != 's')
 			return other_option(ctx, argv, opt);
 		if (parse_signal(optarg, &sig) < 0)
@@ -930,7 +922,7 @@ int cmd_wait(struct ctx *ctx, int argc, char **argv)
 	struct sbx_exit ex;
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 1)) != EXIT_OK)
 		return rc;
@@ -955,7 +947,7 @@ int cmd_rmproc(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int opt, rc, kill_first = 0;
 
-	while ((opt = getopt_long(argc, argv, ":kh", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":kh", longopts)) != -1) {
 		if (opt != 'k')
 			return other_option(ctx, argv, opt);
 		kill_first = 1;

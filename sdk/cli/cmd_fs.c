@@ -215,7 +215,7 @@ int cmd_cat(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
 		switch (opt) {
 		case 'o':
 			if (parse_size(optarg, &offset) < 0)
@@ -268,7 +268,7 @@ int cmd_put(struct ctx *ctx, int argc, char **argv)
 	struct sbx_stat st;
 	unsigned m;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
 		switch (opt) {
 		case 'm':
 			if (parse_mode(optarg, &m) < 0)
@@ -319,7 +319,7 @@ int cmd_stat(struct ctx *ctx, int argc, char **argv)
 	struct sbx_stat st;
 	int opt, rc, flags = 0;
 
-	while ((opt = getopt_long(argc, argv, ":Lh", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":Lh", longopts)) != -1) {
 		if (opt != 'L')
 			return other_option(ctx, argv, opt);
 		flags |= SBX_STAT_FOLLOW;
@@ -347,7 +347,7 @@ int cmd_exists(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 1)) != EXIT_OK)
 		return rc;
@@ -420,7 +420,7 @@ int cmd_ls(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int64_t v;
 
-	while ((opt = getopt_long(argc, argv, ":laRh", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":laRh", longopts)) != -1) {
 		switch (opt) {
 		case 'l':
 			ls.long_fmt = 1;
@@ -443,6 +443,7 @@ int cmd_ls(struct ctx *ctx, int argc, char **argv)
 	}
 	if ((rc = want_operands(ctx, argc, argv, 1)) != EXIT_OK)
 		return rc;
+	ls.json = ctx->json; /* --json may follow the command */
 	if (recursive && !depth_given)
 		depth = 0; /* unlimited */
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
@@ -466,7 +467,7 @@ int cmd_mkdir(struct ctx *ctx, int argc, char **argv)
 	unsigned m;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":pm:h", help_only_opts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":pm:h", help_only_opts)) != -1) {
 		switch (opt) {
 		case 'p':
 			s.flags |= SBX_MKDIR_PARENTS;
@@ -496,7 +497,7 @@ int cmd_rm(struct ctx *ctx, int argc, char **argv)
 	struct simple s = {0};
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":rh", help_only_opts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":rh", help_only_opts)) != -1) {
 		if (opt != 'r')
 			return other_option(ctx, argv, opt);
 		s.flags |= SBX_REMOVE_RECURSIVE;
@@ -517,7 +518,7 @@ int cmd_mv(struct ctx *ctx, int argc, char **argv)
 	struct simple s = {0};
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 2)) != EXIT_OK)
 		return rc;
@@ -536,7 +537,7 @@ int cmd_cp(struct ctx *ctx, int argc, char **argv)
 	struct simple s = {0};
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":rh", help_only_opts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":rh", help_only_opts)) != -1) {
 		if (opt != 'r')
 			return other_option(ctx, argv, opt);
 		s.flags |= SBX_COPY_RECURSIVE;
@@ -559,7 +560,7 @@ int cmd_chmod(struct ctx *ctx, int argc, char **argv)
 	unsigned m;
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 2)) != EXIT_OK)
 		return rc;
@@ -581,7 +582,7 @@ int cmd_chown(struct ctx *ctx, int argc, char **argv)
 	char *spec, *colon;
 	int opt, rc, ok;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 2)) != EXIT_OK)
 		return rc;
@@ -612,7 +613,7 @@ int cmd_ln(struct ctx *ctx, int argc, char **argv)
 	struct simple s = {0};
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":sh", help_only_opts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":sh", help_only_opts)) != -1) {
 		if (opt != 's')
 			return other_option(ctx, argv, opt);
 		s.flags = 1;
@@ -639,7 +640,7 @@ int cmd_truncate(struct ctx *ctx, int argc, char **argv)
 	struct simple s = {0};
 	int opt, rc, have_size = 0;
 
-	while ((opt = getopt_long(argc, argv, ":s:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":s:h", longopts)) != -1) {
 		if (opt != 's')
 			return other_option(ctx, argv, opt);
 		/* The file API takes sizes up to 2^63-1 (off_t). */
@@ -671,7 +672,7 @@ int cmd_touch(struct ctx *ctx, int argc, char **argv)
 	struct simple s = {0};
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":d:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":d:h", longopts)) != -1) {
 		if (opt != 'd')
 			return other_option(ctx, argv, opt);
 		if (parse_time(optarg, &t) < 0)
@@ -694,7 +695,7 @@ static int path_out(struct ctx *ctx, int argc, char **argv, int realpath)
 	long n;
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 1)) != EXIT_OK)
 		return rc;
@@ -770,7 +771,7 @@ int cmd_df(struct ctx *ctx, int argc, char **argv)
 	char p1[16], p2[16];
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = want_operands(ctx, argc, argv, 1)) != EXIT_OK)
 		return rc;
@@ -889,13 +890,14 @@ int cmd_watch(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int opt, rc, flags = 0, e;
 
-	while ((opt = getopt_long(argc, argv, ":rh", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":rh", longopts)) != -1) {
 		if (opt != 'r')
 			return other_option(ctx, argv, opt);
 		flags |= SBX_WATCH_RECURSIVE;
 	}
 	if ((rc = want_operands(ctx, argc, argv, 1)) != EXIT_OK)
 		return rc;
+	ws.json = ctx->json; /* --json may follow the command */
 	if (!(w.tok = sbx_cancel_new())) {
 		fprintf(stderr, "sbx: out of memory\n");
 		return EXIT_FAIL;

@@ -163,7 +163,6 @@ enum {
 	OPT_NON_EMPTY,
 	OPT_OPTION,
 	OPT_WAIT,
-	OPT_JSON,
 	OPT_FORCE,
 	OPT_FLUSH,
 };
@@ -180,7 +179,6 @@ int cmd_mount(struct ctx *ctx, int argc, char **argv)
 		{"allow-non-empty", no_argument, NULL, OPT_NON_EMPTY},
 		{"option", required_argument, NULL, OPT_OPTION},
 		{"mount-timeout", required_argument, NULL, OPT_WAIT},
-		{"json", no_argument, NULL, OPT_JSON},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -190,7 +188,7 @@ int cmd_mount(struct ctx *ctx, int argc, char **argv)
 	const char *creds_file = NULL;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
 		switch (opt) {
 		case OPT_ENDPOINT:
 			mo.endpoint = optarg;
@@ -221,9 +219,6 @@ int cmd_mount(struct ctx *ctx, int argc, char **argv)
 		case OPT_WAIT:
 			if (parse_seconds(optarg, &mo.timeout_ms) < 0 || mo.timeout_ms <= 0)
 				return usage_error(ctx, "bad --mount-timeout '%s'", optarg);
-			break;
-		case OPT_JSON:
-			ctx->json = 1;
 			break;
 		default:
 			return other_option(ctx, argv, opt);
@@ -267,18 +262,10 @@ int cmd_mount(struct ctx *ctx, int argc, char **argv)
 
 int cmd_mounts(struct ctx *ctx, int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"json", no_argument, NULL, OPT_JSON},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-		if (opt != OPT_JSON)
-			return other_option(ctx, argv, opt);
-		ctx->json = 1;
-	}
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
+		return other_option(ctx, argv, opt);
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
 		return rc;
 	struct sbx_client *c;
@@ -317,14 +304,13 @@ int cmd_unmount(struct ctx *ctx, int argc, char **argv)
 	static const struct option longopts[] = {
 		{"force", no_argument, NULL, OPT_FORCE},
 		{"flush-timeout", required_argument, NULL, OPT_FLUSH},
-		{"json", no_argument, NULL, OPT_JSON},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	struct sbx_unmount_opts uo = SBX_UNMOUNT_OPTS_INIT;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
 		switch (opt) {
 		case OPT_FORCE:
 			uo.force = 1;
@@ -334,9 +320,6 @@ int cmd_unmount(struct ctx *ctx, int argc, char **argv)
 				return usage_error(ctx, "bad --flush-timeout '%s'", optarg);
 			if (uo.flush_timeout_ms == 0)
 				uo.flush_timeout_ms = -1; /* 0 s: do not wait */
-			break;
-		case OPT_JSON:
-			ctx->json = 1;
 			break;
 		default:
 			return other_option(ctx, argv, opt);

@@ -103,7 +103,7 @@ static int cmd_tunnel_open(struct ctx *ctx, int argc, char **argv, int forward)
 	const char *bind_host = NULL;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, forward ? ":b:h" : ":h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, forward ? ":b:h" : ":h", longopts)) != -1) {
 		if (opt == 'b' && forward)
 			bind_host = optarg;
 		else
@@ -177,7 +177,6 @@ int cmd_reverse(struct ctx *ctx, int argc, char **argv)
 int cmd_tunnels(struct ctx *ctx, int argc, char **argv)
 {
 	static const struct option longopts[] = {
-		{"json", no_argument, NULL, 'j'},
 		{"close", required_argument, NULL, 'c'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -187,10 +186,8 @@ int cmd_tunnels(struct ctx *ctx, int argc, char **argv)
 	struct sbx_error err;
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-		if (opt == 'j')
-			ctx->json = 1;
-		else if (opt == 'c')
+	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
+		if (opt == 'c')
 			close_id = optarg;
 		else
 			return other_option(ctx, argv, opt);

@@ -13,7 +13,9 @@
 
 #include "cli.h"
 
-enum { OPT_TOKEN_FILE = 256, OPT_TIMEOUT, OPT_JSON, OPT_TRACE, OPT_VERSION };
+/* Codes of main's own options and of the global ones (above any command's own codes,
+ * which start at 256, so that cli_getopt can mix both in one table). */
+enum { OPT_VERSION = 256, GOPT_TARGET = 0x7f00, GOPT_TOKEN_FILE, GOPT_TIMEOUT, GOPT_JSON, GOPT_TRACE };
 
 #define GLOBAL_USAGE "[-t TARGET] [--token-file F] [--timeout SECONDS] [--json] [--trace]"
 #define PING_COUNT_MAX 100000
@@ -22,6 +24,129 @@ const struct option help_only_opts[] = {
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
 };
+
+/* ---- global options, before or after the command ---- */
+
+static const struct global_opt {
+	struct option opt;
+	unsigned bit;      /* GLOBAL_* */
+	const char *shown; /* in messages */
+} globals[] = {
+	{{"target", required_argument, NULL, GOPT_TARGET}, GLOBAL_TARGET, "-t/--target"},
+	{{"token-file", required_argument, NULL, GOPT_TOKEN_FILE}, GLOBAL_TOKEN_FILE, "--token-file"},
+	{{"timeout", required_argument, NULL, GOPT_TIMEOUT}, GLOBAL_TIMEOUT, "--timeout"},
+	{{"json", no_argument, NULL, GOPT_JSON}, GLOBAL_JSON, "--json"},
+	{{"trace", no_argument, NULL, GOPT_TRACE}, GLOBAL_TRACE, "--trace"},
+};
+#define NGLOBALS (sizeof(globals) / sizeof(globals[0]))
+/* room for the longest command table plus the globals */
+#define MERGED_MAX 48
+
+static const struct global_opt *find_global(int code)
+{
+	size_t i;
+
+	for (i = 0; i < NGLOBALS; i++)
+		if (globals[i].opt.val == code)
+			return &globals[i];
+	return NULL;
+}
+
+/* Store a global option in ctx. Given both before and after the command it is refused
+ * rather than one silently winning (repeated on one side, the last wins, as it always
+ * did). Returns 0, or EXIT_USAGE after printing why. */
+static int set_global(struct ctx *ctx, const struct global_opt *g, const char *arg, int after)
+{
+	if (after && (ctx->before & g->bit))
+		return usage_error(ctx, "option '%s' given both before and after the command", g->shown);
+	if (!after)
+		ctx->before |= g->bit;
+	switch (g->opt.val) {
+	case GOPT_TARGET:
+		ctx->target = arg;
+		break;
+	case GOPT_TOKEN_FILE:
+		ctx->token_file = arg;
+		break;
+	case GOPT_TIMEOUT:
+		if (parse_seconds(arg, &ctx->timeout_ms) < 0 || ctx->timeout_ms == 0)
+			return usage_error(ctx, "bad --timeout '%s': want seconds > 0", arg);
+		break;
+	case GOPT_JSON:
+		if (ctx->cmd && !(ctx->cmd->flags & CMD_JSON))
+			return usage_error(ctx, "--json: this command has no JSON output");
+		ctx->json = 1;
+		break;
+	case GOPT_TRACE:
+		ctx->trace = 1;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+/* Which of "unknown", "ambiguous" or "takes no argument" a long option getopt refused is. */
+static int bad_long_option(const struct ctx *ctx, const struct option *opts, const char *arg)
+{
+	size_t len = strcspn(arg + 2, "="), i, prefix = 0;
+	const char *name = NULL;
+
+	for (i = 0; opts[i].name; i++) {
+		if (strncmp(opts[i].name, arg + 2, len) != 0)
+			continue;
+		name = opts[i].name;
+		if (name[len] == '\0') {
+			prefix = 1;
+			break;
+		}
+		prefix++;
+	}
+	if (prefix > 1)
+		return usage_error(ctx, "ambiguous option '%.*s'", (int)len + 2, arg);
+	if (prefix == 1 && arg[2 + len] == '=')
+		return usage_error(ctx, "option '--%s' takes no argument", name);
+	return usage_error(ctx, "unknown option '%.*s'", (int)len + 2, arg);
+}
+
+int cli_getopt(struct ctx *ctx, int argc, char **argv, const char *shortopts, const struct option *longopts)
+{
+	/* Rebuilt on each call (the same each time for one command): getopt_long keeps no
+	 * pointer into either between calls. */
+	static struct option merged[MERGED_MAX];
+	static char shorts[64];
+	const struct global_opt *g;
+	size_t n, i, j;
+	int opt, own_t;
+
+	for (n = 0; longopts[n].name; n++)
+		;
+	/* A command table this big is a bug in sbx, not a user's error. */
+	if (n + NGLOBALS >= MERGED_MAX || strlen(shortopts) + 3 > sizeof(shorts))
+		abort();
+	memcpy(merged, longopts, n * sizeof(*merged));
+	for (i = 0; i < NGLOBALS; i++) {
+		for (j = 0; longopts[j].name && strcmp(longopts[j].name, globals[i].opt.name) != 0; j++)
+			;
+		if (!longopts[j].name)
+			merged[n++] = globals[i].opt;
+	}
+	memset(&merged[n], 0, sizeof(merged[n]));
+	own_t = strchr(shortopts, 't') != NULL;
+	snprintf(shorts, sizeof(shorts), "%s%s", shortopts, own_t ? "" : "t:");
+	for (;;) {
+		opt = getopt_long(argc, argv, shorts, merged, NULL);
+		if (opt == '?' && optind > 0 && !strncmp(argv[optind - 1], "--", 2) && argv[optind - 1][2]) {
+			bad_long_option(ctx, merged, argv[optind - 1]);
+			return CLI_OPT_FAILED;
+		}
+		g = opt == 't' && !own_t ? &globals[0] : find_global(opt);
+		if (!g)
+			return opt;
+		if (set_global(ctx, g, optarg, 1) != 0)
+			return CLI_OPT_FAILED;
+	}
+}
 
 /* ---- errors and usage ---- */
 
@@ -84,6 +209,8 @@ int other_option(const struct ctx *ctx, char **argv, int opt)
 {
 	const char *arg = optind > 0 ? argv[optind - 1] : "";
 
+	if (opt == CLI_OPT_FAILED)
+		return EXIT_USAGE;
 	if (opt == 'h')
 		return show_cmd_help(ctx->cmd);
 	if (opt == ':')
@@ -272,18 +399,43 @@ size_t utf8_len(const unsigned char *p, size_t len)
 	return n;
 }
 
-/* len bytes of s as a JSON string; bytes that are not UTF-8 come out as \u00XX. */
+/* The letter of c's JSON short escape (\n, \t, \r, \b, \f, \", \\), or 0. */
+static char json_short_escape(unsigned char c)
+{
+	switch (c) {
+	case '"':
+	case '\\':
+		return (char)c;
+	case '\n':
+		return 'n';
+	case '\t':
+		return 't';
+	case '\r':
+		return 'r';
+	case '\b':
+		return 'b';
+	case '\f':
+		return 'f';
+	default:
+		return 0;
+	}
+}
+
+/* len bytes of s as a JSON string: the short escapes; other control characters (DEL too,
+ * invisible on a terminal) and bytes that are not UTF-8 as \u00XX. */
 void json_strn(const char *s, size_t len)
 {
 	const unsigned char *p = (const unsigned char *)s, *end = p + len;
 	size_t n;
+	char e;
 
 	putchar('"');
 	while (p < end) {
-		if (*p == '"' || *p == '\\') {
+		if ((e = json_short_escape(*p)) != 0) {
 			putchar('\\');
-			putchar(*p++);
-		} else if (*p >= 0x20 && *p < 0x80) {
+			putchar(e);
+			p++;
+		} else if (*p >= 0x20 && *p < 0x7f) {
 			putchar(*p++);
 		} else if ((n = utf8_len(p, (size_t)(end - p))) > 0) {
 			fwrite(p, 1, n, stdout);
@@ -416,7 +568,7 @@ static int cmd_ping(struct ctx *ctx, int argc, char **argv)
 	char *end;
 	int opt, wait_ms = 0, rc;
 
-	while ((opt = getopt_long(argc, argv, ":w:c:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":w:c:h", longopts)) != -1) {
 		switch (opt) {
 		case 'w':
 			if (parse_seconds(optarg, &wait_ms) < 0)
@@ -534,7 +686,7 @@ static int cmd_info(struct ctx *ctx, int argc, char **argv)
 	struct sbx_info in;
 	int opt, rc;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if ((rc = no_more_args(ctx, argc, argv)) != EXIT_OK)
 		return rc;
@@ -566,7 +718,7 @@ static int cmd_decode(struct ctx *ctx, int argc, char **argv)
 	int opt, rc;
 	size_t n;
 
-	if ((opt = getopt_long(argc, argv, ":h", help_only_opts, NULL)) != -1)
+	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
 		return other_option(ctx, argv, opt);
 	if (optind < argc)
 		path = argv[optind++];
@@ -632,7 +784,7 @@ static int cmd_echo(struct ctx *ctx, int argc, char **argv)
 	char buf[32];
 	int opt, rc;
 
-	while ((opt = getopt_long(argc, argv, ":s:h", longopts, NULL)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, ":s:h", longopts)) != -1) {
 		if (opt != 's')
 			return other_option(ctx, argv, opt);
 		if (parse_size(optarg, &v) < 0 || v > SIZE_MAX)
@@ -686,19 +838,23 @@ out:
 static const struct command commands[] = {
 	{"ping", cmd_ping, "[--wait SECONDS] [-c COUNT]",
 	 "Connect, retrying for up to --wait seconds while the shim is not up yet (a readiness\n"
-	 "check), then send COUNT pings (default 1) and print each round trip."},
-	{"info", cmd_info, "", "Show the shim's versions, features, identity, load, counters and limits."},
+	 "check), then send COUNT pings (default 1) and print each round trip.",
+	 CMD_JSON},
+	{"info", cmd_info, "", "Show the shim's versions, features, identity, load, counters and limits.", CMD_JSON},
 	{"decode", cmd_decode, "[FILE]",
 	 "Print one line per frame of a captured raw byte stream (FILE or stdin, e.g. what\n"
-	 "'socat -r FILE' recorded). Does not connect. Exits 1 if the stream is malformed."},
+	 "'socat -r FILE' recorded). Does not connect. Exits 1 if the stream is malformed.",
+	 0},
 	{"echo", cmd_echo, "[--size BYTES[K|M|G]]",
 	 "Send BYTES (default 1M) of pseudo-random data through the shim's echo stream, check\n"
-	 "that it comes back unchanged, and print the throughput."},
+	 "that it comes back unchanged, and print the throughput.",
+	 CMD_JSON},
 	/* files: paths are absolute, as the shim sees them (beneath its --root, if any) */
 	{"cat", cmd_cat, "PATH [--offset N] [--length N]",
 	 "Write the file's bytes (--length N of them, from byte --offset N; N may have a K/M/G\n"
 	 "suffix) to stdout, streamed. If the read fails part way, stdout has exactly the bytes\n"
-	 "read before the error and the exit status is 1."},
+	 "read before the error and the exit status is 1.",
+	 0},
 	{"put", cmd_put, "PATH [--mode 0644] [--append] [--exclusive] [--parents] [--no-atomic]",
 	 "Write stdin to the file. By default atomically: the bytes go to a temporary file that\n"
 	 "replaces PATH only when all arrived, so a failure or an interrupt leaves the old file.\n"
@@ -707,15 +863,18 @@ static const struct command commands[] = {
 	 "  --exclusive   fail with EEXIST if PATH exists\n"
 	 "  --parents     create missing parent directories\n"
 	 "  --no-atomic   truncate and write in place\n"
-	 "Prints nothing; with --json, the stat of the file written (as 'stat' prints it)."},
+	 "Prints nothing; with --json, the stat of the file written (as 'stat' prints it).",
+	 CMD_JSON},
 	{"stat", cmd_stat, "[-L] PATH",
 	 "Show type, size, mode, owner, links, inode, device, times (RFC 3339, UTC, with\n"
 	 "nanoseconds) and, for a symlink, its target. -L: the file a symlink points to.\n"
 	 "With --json, one object: times as RFC 3339 strings and as *_sec/*_nsec numbers,\n"
-	 "mode as a number and as an octal string, link_target null unless a symlink."},
+	 "mode as a number and as an octal string, link_target null unless a symlink.",
+	 CMD_JSON},
 	{"exists", cmd_exists, "PATH",
 	 "Print nothing; exit 0 if PATH exists (a dangling symlink does), 1 if not, 3 if the\n"
-	 "shim cannot be reached. Other errors (EACCES...) are printed and exit 1."},
+	 "shim cannot be reached. Other errors (EACCES...) are printed and exit 1.",
+	 0},
 	{"ls", cmd_ls, "[-l] [-a] [-R] [--depth N] PATH",
 	 "List a directory, one name per line, in the order the shim reads them.\n"
 	 "  -l          also type and mode, size and mtime (UTC)\n"
@@ -726,39 +885,45 @@ static const struct command commands[] = {
 	 "\\\\ for a backslash, \\n \\t ... for control characters, \\ooo (octal) for other bytes\n"
 	 "that are not printable or not valid UTF-8. With --json, one JSON object per line\n"
 	 "(NDJSON, so a huge listing streams): the name exact, the stat as 'stat --json' gives\n"
-	 "it; bytes that are not valid UTF-8 appear as \\u00XX (the byte's value)."},
+	 "it; bytes that are not valid UTF-8 appear as \\u00XX (the byte's value).",
+	 CMD_JSON},
 	{"mkdir", cmd_mkdir, "[-p] [-m MODE] PATH",
 	 "Create a directory (mode 0755 unless -m gives octal MODE). -p: create missing parents\n"
-	 "too, and do not fail if PATH is already a directory."},
-	{"rm", cmd_rm, "[-r] PATH", "Remove a file, symlink or empty directory; -r: a directory and all in it."},
-	{"mv", cmd_mv, "SRC DST", "Rename SRC to DST (copy, then remove, across filesystems)."},
+	 "too, and do not fail if PATH is already a directory.",
+	 0},
+	{"rm", cmd_rm, "[-r] PATH", "Remove a file, symlink or empty directory; -r: a directory and all in it.", 0},
+	{"mv", cmd_mv, "SRC DST", "Rename SRC to DST (copy, then remove, across filesystems).", 0},
 	{"cp", cmd_cp, "[-r] SRC DST",
-	 "Copy a file, or with -r a tree, keeping modes, times and symlinks (owners as root)."},
-	{"chmod", cmd_chmod, "MODE PATH", "Set PATH's permissions to octal MODE (e.g. 0640, 4755)."},
+	 "Copy a file, or with -r a tree, keeping modes, times and symlinks (owners as root).", 0},
+	{"chmod", cmd_chmod, "MODE PATH", "Set PATH's permissions to octal MODE (e.g. 0640, 4755).", 0},
 	{"chown", cmd_chown, "UID[:GID] PATH",
 	 "Set PATH's owner, and group if :GID is given; ':GID' alone sets only the group.\n"
-	 "Numbers only. Follows a symlink."},
+	 "Numbers only. Follows a symlink.",
+	 0},
 	{"ln", cmd_ln, "[-s] TARGET LINK",
-	 "Make LINK a hard link to TARGET; -s: a symlink holding TARGET as given (may be relative)."},
+	 "Make LINK a hard link to TARGET; -s: a symlink holding TARGET as given (may be relative).", 0},
 	{"readlink", cmd_readlink, "PATH",
-	 "Print a symlink's target (the bytes as they are). With --json: {\"target\": ...}."},
+	 "Print a symlink's target (the bytes as they are). With --json: {\"target\": ...}.", CMD_JSON},
 	{"truncate", cmd_truncate, "-s SIZE PATH",
-	 "Set the file's size to SIZE bytes (a K/M/G/T suffix multiplies by 1024^n)."},
+	 "Set the file's size to SIZE bytes (a K/M/G/T suffix multiplies by 1024^n).", 0},
 	{"touch", cmd_touch, "[-d RFC3339] PATH",
 	 "Set PATH's access and modification times to now, or to the time -d gives (e.g.\n"
 	 "2024-05-01T12:34:56.123456789Z or 2024-05-01T14:34:56+02:00). Creates an empty file\n"
-	 "if PATH does not exist."},
+	 "if PATH does not exist.",
+	 0},
 	{"realpath", cmd_realpath, "PATH",
-	 "Print PATH with symlinks, '.' and '..' resolved. With --json: {\"path\": ...}."},
+	 "Print PATH with symlinks, '.' and '..' resolved. With --json: {\"path\": ...}.", CMD_JSON},
 	{"df", cmd_df, "PATH",
 	 "Show the size, use and free space (in 1K blocks) and inodes of PATH's filesystem.\n"
-	 "With --json, one object with the statfs fields and the sizes in bytes."},
+	 "With --json, one object with the statfs fields and the sizes in bytes.",
+	 CMD_JSON},
 	{"watch", cmd_watch, "[-r] PATH",
 	 "Print filesystem events on PATH (and, with -r, every directory below it, including new\n"
 	 "ones) until interrupted (SIGINT or SIGTERM: exit 0) or PATH is deleted. One line per\n"
 	 "event: 'create /path' (types: create, modify, delete, moved_from, moved_to, attrib,\n"
 	 "delete_self, overflow), the path escaped as 'ls' does. With --json, one JSON object\n"
-	 "per line: {\"type\", \"path\", \"is_dir\", \"cookie\"}. --timeout does not end a watch."},
+	 "per line: {\"type\", \"path\", \"is_dir\", \"cookie\"}. --timeout does not end a watch.",
+	 CMD_JSON},
 	/* commands and processes */
 	{"exec", cmd_exec,
 	 "[--cwd DIR] [--env K=V]... [--user U[:G]] [--timeout SECONDS] [-i] [-t] [--detach] [OPTIONS] -- ARGV...",
@@ -784,23 +949,27 @@ static const struct command commands[] = {
 	 "                          numbers (K/M/G suffixes) or 'unlimited'; repeatable\n"
 	 "  --nice N, --oom-score-adj N\n"
 	 "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the command (twice); a third\n"
-	 "kills its process group. The global --timeout is for connecting only."},
+	 "kills its process group. The global --timeout (given before 'exec') is for connecting only.",
+	 CMD_JSON},
 	{"sh", cmd_sh, "[EXEC OPTIONS] 'COMMAND'",
-	 "Run COMMAND with /bin/sh -c, as 'exec' does (same options and exit statuses)."},
+	 "Run COMMAND with /bin/sh -c, as 'exec' does (same options and exit statuses).", CMD_JSON},
 	{"eval", cmd_eval, "[--interp ARGV] CODE",
 	 "Run CODE through an interpreter (--interp: a space-separated argv, default 'python3 -c';\n"
 	 "CODE is its last argument) and print what it printed. Exits with its status; when that\n"
-	 "is not 0, its stderr (printed as well) says why."},
+	 "is not 0, its stderr (printed as well) says why.",
+	 0},
 	{"ps", cmd_ps, "[--json]",
 	 "List the processes the shim started: ID PID STATE EXIT STARTED COMMAND. EXIT is the\n"
-	 "exit code, the signal that killed it, or 'timeout'. With --json, one array of objects."},
+	 "exit code, the signal that killed it, or 'timeout'. With --json, one array of objects.",
+	 CMD_JSON},
 	{"logs", cmd_logs, "[-f] ID",
 	 "Print what a background process wrote (the last 1 MiB of each stream, as buffered by\n"
-	 "the shim), stdout to stdout and stderr to stderr; -f: then follow until it exits."},
+	 "the shim), stdout to stdout and stderr to stderr; -f: then follow until it exits.",
+	 0},
 	{"kill", cmd_kill, "[-s SIGNAL] ID",
-	 "Send SIGNAL (TERM, SIGKILL, 9...; default TERM) to the process's whole process group."},
-	{"wait", cmd_wait, "ID", "Wait for the process to end; exit with its status as 'exec' does."},
-	{"rmproc", cmd_rmproc, "[-k] ID", "Forget an exited process (EBUSY while it runs; -k: kill it first)."},
+	 "Send SIGNAL (TERM, SIGKILL, 9...; default TERM) to the process's whole process group.", 0},
+	{"wait", cmd_wait, "ID", "Wait for the process to end; exit with its status as 'exec' does.", 0},
+	{"rmproc", cmd_rmproc, "[-k] ID", "Forget an exited process (EBUSY while it runs; -k: kill it first).", 0},
 	/* directory archives */
 	{"backup", cmd_backup,
 	 "DIR [-o FILE|-] [--exclude PATTERN]... [--compress zstd|gzip|none] [--level N] [--skip-unreadable] "
@@ -819,7 +988,8 @@ static const struct command commands[] = {
 	 "changed, created_at, to_path} as one JSON line on stderr; with --json on stdout (only\n"
 	 "when the archive goes to a file: -o FILE or --to). Names that are not valid UTF-8 show\n"
 	 "their bytes as \\u00XX. On a terminal, progress (bytes, files, rate) is shown on stderr.\n"
-	 "SIGINT/SIGTERM/SIGHUP cancel the backup (a second one exits at once)."},
+	 "SIGINT/SIGTERM/SIGHUP cancel the backup (a second one exits at once).",
+	 CMD_JSON},
 	{"restore", cmd_restore,
 	 "DIR [-i FILE|-] [--merge] [--sha256 HEX] [--from PATH] [--allow-devices] [--allow-empty] [--json]",
 	 "Restore the directory DIR in the sandbox from a tar archive (compressed or not) read\n"
@@ -835,23 +1005,27 @@ static const struct command commands[] = {
 	 "A failed, refused or interrupted restore leaves DIR as it was (with --merge: unless\n"
 	 "it fails while moving the verified entries in).\n"
 	 "Prints nothing; with --json, {bytes, entries, sha256} on stdout. On a terminal,\n"
-	 "progress is shown on stderr."},
+	 "progress is shown on stderr.",
+	 CMD_JSON},
 	/* tunnels */
 	{"forward", cmd_forward, "[--bind HOST:]LOCAL_PORT [GUEST_HOST:]GUEST_PORT",
 	 "Listen on LOCAL_PORT of this host (on 127.0.0.1 unless --bind HOST, or HOST:LOCAL_PORT)\n"
 	 "and relay each connection to GUEST_HOST:GUEST_PORT inside the sandbox (GUEST_HOST: a\n"
 	 "numeric address, default 127.0.0.1), over the shim connection. LOCAL_PORT 0: the\n"
 	 "kernel chooses (printed). Runs until SIGINT/SIGTERM/SIGHUP; logs each connection on\n"
-	 "stderr (a connection the sandbox refuses is reset here and logged with its errno)."},
+	 "stderr (a connection the sandbox refuses is reset here and logged with its errno).",
+	 0},
 	{"reverse", cmd_reverse, "[GUEST_HOST:]GUEST_PORT [LOCAL_HOST:]LOCAL_PORT",
 	 "Have the shim listen on GUEST_HOST:GUEST_PORT inside the sandbox (default 127.0.0.1;\n"
 	 "port 0: kernel-chosen, printed) and relay each connection to LOCAL_HOST:LOCAL_PORT on\n"
 	 "this host (default 127.0.0.1). Runs until SIGINT/SIGTERM/SIGHUP; logs each connection\n"
-	 "on stderr."},
+	 "on stderr.",
+	 0},
 	{"tunnels", cmd_tunnels, "[--json] [--close ID]",
 	 "List the shim's tunnels (every client's): ID KIND SANDBOX HOST ACTIVE TOTAL BYTES_IN\n"
 	 "BYTES_OUT. With --json, one array of objects. --close ID: close that tunnel and every\n"
-	 "connection it carries instead."},
+	 "connection it carries instead.",
+	 CMD_JSON},
 	/* S3 bucket mounts */
 	{"mount", cmd_mount,
 	 "BUCKET PATH --endpoint URL [--prefix P] [--region R] [--provider NAME] [--read-only] "
@@ -869,16 +1043,19 @@ static const struct command commands[] = {
 	 "'aws_access_key_id = ...', 'aws_secret_access_key = ...', optional\n"
 	 "'aws_session_token = ...'; '#' comments; only the [default] section if there are\n"
 	 "sections), else from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN.\n"
-	 "Prints the record (with --json as one object)."},
+	 "Prints the record (with --json as one object).",
+	 CMD_JSON},
 	{"mounts", cmd_mounts, "[--json]",
 	 "List the shim's mounts: ID STATE PID PATH BUCKET[/PREFIX]. STATE is live, failed\n"
 	 "(rclone died: the path refuses writes until unmounted; the error line says why),\n"
-	 "starting or unmounting. With --json, one array of objects."},
+	 "starting or unmounting. With --json, one array of objects.",
+	 CMD_JSON},
 	{"unmount", cmd_unmount, "[--flush-timeout SECONDS] [--force] [--json] ID|PATH",
 	 "Unmount a mount by id or path: wait for pending uploads (--flush-timeout, default\n"
 	 "60 s; then it fails with ETIMEDOUT and stays mounted, unless --force), unmount, stop\n"
 	 "rclone, remove its config and cache (and PATH if the shim created it). Unmounting\n"
-	 "again succeeds; an unknown id or path is ENOENT. With --json, prints the record."},
+	 "again succeeds; an unknown id or path is ENOENT. With --json, prints the record.",
+	 CMD_JSON},
 };
 
 static const struct command *find_command(const char *name)
@@ -905,7 +1082,11 @@ static void print_help(FILE *f)
 		   "      --json             print results as JSON\n"
 		   "      --trace            print every frame sent and received on stderr\n"
 		   "  -h, --help             show this help\n"
-		   "      --version          show the versions of sbx and libsbx\n\n"
+		   "      --version          show the versions of sbx and libsbx\n"
+		   "-t, --token-file, --timeout, --json and --trace may also follow the command\n"
+		   "(sbx stat --json PATH), except where the command has an option of that name\n"
+		   "(exec and sh: -t is --tty, --timeout the command's); each at most on one side.\n"
+		   "--json is refused by commands without JSON output.\n\n"
 		   "Commands:\n");
 	for (i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %s%s%s\n", commands[i].name, *commands[i].usage ? " " : "", commands[i].usage);
@@ -926,16 +1107,17 @@ static int finish(int rc)
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-		{"target", required_argument, NULL, 't'},
-		{"token-file", required_argument, NULL, OPT_TOKEN_FILE},
-		{"timeout", required_argument, NULL, OPT_TIMEOUT},
-		{"json", no_argument, NULL, OPT_JSON},
-		{"trace", no_argument, NULL, OPT_TRACE},
+		{"target", required_argument, NULL, GOPT_TARGET},
+		{"token-file", required_argument, NULL, GOPT_TOKEN_FILE},
+		{"timeout", required_argument, NULL, GOPT_TIMEOUT},
+		{"json", no_argument, NULL, GOPT_JSON},
+		{"trace", no_argument, NULL, GOPT_TRACE},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, OPT_VERSION},
 		{NULL, 0, NULL, 0},
 	};
 	struct ctx ctx = {0};
+	const struct global_opt *g;
 	const struct command *cmd;
 	int opt;
 
@@ -944,23 +1126,12 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	ctx.target = getenv("SBX_TARGET");
 	while ((opt = getopt_long(argc, argv, "+:t:h", longopts, NULL)) != -1) {
+		if ((g = opt == 't' ? &globals[0] : find_global(opt))) {
+			if (set_global(&ctx, g, optarg, 0) != 0)
+				return EXIT_USAGE;
+			continue;
+		}
 		switch (opt) {
-		case 't':
-			ctx.target = optarg;
-			break;
-		case OPT_TOKEN_FILE:
-			ctx.token_file = optarg;
-			break;
-		case OPT_TIMEOUT:
-			if (parse_seconds(optarg, &ctx.timeout_ms) < 0 || ctx.timeout_ms == 0)
-				return usage_error(&ctx, "bad --timeout '%s': want seconds > 0", optarg);
-			break;
-		case OPT_JSON:
-			ctx.json = 1;
-			break;
-		case OPT_TRACE:
-			ctx.trace = 1;
-			break;
 		case 'h':
 			print_help(stdout);
 			return finish(EXIT_OK);
@@ -976,6 +1147,8 @@ int main(int argc, char **argv)
 	if (!(cmd = find_command(argv[optind])))
 		return usage_error(&ctx, "unknown command '%s'", argv[optind]);
 	ctx.cmd = cmd;
+	if (ctx.json && !(cmd->flags & CMD_JSON))
+		return usage_error(&ctx, "--json: this command has no JSON output");
 	argc -= optind;
 	argv += optind;
 	/* 0, not 1: glibc then also forgets its position inside the old argv. */

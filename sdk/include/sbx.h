@@ -520,7 +520,8 @@ struct sbx_backup_record {
 SBX_API void sbx_backup_record_free(struct sbx_backup_record *rec);
 /* The record as one JSON object (malloc'd; free(); NULL when out of memory): id, dir,
  * bytes, sha256, entries, source_bytes, compression ("none", "gzip", "zstd"), skipped,
- * changed, created_at, and to_path when set. Paths are JSON strings; bytes that are not
+ * changed, created_at, and to_path when set. Paths are JSON strings with the short
+ * escapes (\n, \t, \r, \b, \f, \", \\); other control characters and bytes that are not
  * valid UTF-8 appear as \u00XX (the byte's value). */
 SBX_API char *sbx_backup_record_json(const struct sbx_backup_record *rec);
 
@@ -711,7 +712,8 @@ struct sbx_mount_record {
 	char error[256]; /* failed: what happened, with rclone's last log line */
 	int created_dir; /* the shim created path and removes it at unmount */
 };
-/* The record as one JSON object (malloc'd; free(); NULL when out of memory). */
+/* The record as one JSON object (malloc'd; free(); NULL when out of memory); strings
+ * escaped as sbx_backup_record_json() does. */
 SBX_API char *sbx_mount_record_json(const struct sbx_mount_record *rec);
 
 /* Mount bucket at path (absolute, inside the sandbox; created when missing). *rec

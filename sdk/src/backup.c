@@ -438,23 +438,17 @@ static void sb_json_str(struct sbuf *b, const char *s)
 	sb_put(b, "\"", 1);
 	while (p < end) {
 		const unsigned char *q = p;
-		while (q < end && *q >= 0x20 && *q < 0x80 && *q != '"' && *q != '\\')
+		while (q < end && *q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\')
 			q++;
 		sb_put(b, (const char *)p, (size_t)(q - p));
 		p = q;
 		if (p == end)
 			break;
 		size_t n;
-		if (*p == '"' || *p == '\\') {
-			char e[2] = {'\\', (char)*p};
+		char e[2] = {'\\', sbx__json_escape(*p)};
+		if (e[1] != 0) {
 			sb_put(b, e, 2);
 			p++;
-		} else if (*p == '\n') {
-			sb_put(b, "\\n", 2), p++;
-		} else if (*p == '\t') {
-			sb_put(b, "\\t", 2), p++;
-		} else if (*p == '\r') {
-			sb_put(b, "\\r", 2), p++;
 		} else if (*p >= 0x80 && (n = utf8_seq(p, (size_t)(end - p))) > 0) {
 			sb_put(b, (const char *)p, n);
 			p += n;

@@ -197,4 +197,28 @@ Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx
 Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
 				   int kind, struct sbx_error *err);
 
+/* The JSON short escape for byte c (the letter after the backslash: '"', '\\', 'n', 't', 'r',
+ * 'b', 'f'), or 0 if c has none. The record writers (backup.c, mount.c) use it, and write the
+ * other control characters (below 0x20, and DEL) as \u00XX; sbx's own writer does the same. */
+static inline char sbx__json_escape(unsigned char c)
+{
+	switch (c) {
+	case '"':
+	case '\\':
+		return (char)c;
+	case '\n':
+		return 'n';
+	case '\t':
+		return 't';
+	case '\r':
+		return 'r';
+	case '\b':
+		return 'b';
+	case '\f':
+		return 'f';
+	default:
+		return 0;
+	}
+}
+
 #endif

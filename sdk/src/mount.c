@@ -224,16 +224,16 @@ static size_t utf8_seq(const unsigned char *p)
 	return n;
 }
 
-/* s as a JSON string: valid UTF-8 as it is, other bytes as \u00XX (their value). */
+/* s as a JSON string: valid UTF-8 as it is, the short escapes (\n, \t...), other control
+ * characters and bytes that are not UTF-8 as \u00XX (their value). */
 static void json_str(FILE *f, const char *s)
 {
 	fputc('"', f);
 	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
 		size_t n;
-		if (*p == '"' || *p == '\\') {
-			fprintf(f, "\\%c", *p);
-		} else if (*p == '\n') {
-			fputs("\\n", f);
+		char e = sbx__json_escape(*p);
+		if (e != 0) {
+			fprintf(f, "\\%c", e);
 		} else if (*p < 0x20 || *p == 0x7f) {
 			fprintf(f, "\\u%04x", *p);
 		} else if (*p >= 0x80 && (n = utf8_seq(p)) > 0) {

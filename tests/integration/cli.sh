@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# cli.sh: the sbx command line against real daemons: exit codes, readiness wait, JSON, trace, decode, tokens.
+# cli.sh: the sbx command line against real daemons: exit codes, readiness wait, JSON, trace, decode, tokens,
+# global options after the command.
 #
 # Usage: bash cli.sh SHIM_BIN SBX_BIN CASE
 # Each case runs in its own mktemp -d directory and stops only the daemons it started, by PID.
@@ -297,8 +298,103 @@ case_token()
 	stop_daemon "$DPID"
 }
 
+# issue 18: the global options after the command too; each at most on one side
+case_global_after()
+{
+	local sock=$T/s
+	start_daemon shim --listen "unix:$sock"
+	mkdir "$T/d"
+	run 0 stat --json "$T/d" -t "unix:$sock"
+	"$PY" -c 'import json, sys; assert json.load(open(sys.argv[1]))["type"] == "directory"' "$T/out" ||
+		fail "stat --json PATH -t: $(cat "$T/out")"
+	run 0 ping --target "unix:$sock" --timeout 10 --trace
+	has err "sbx: trace: > PING"
+	has out "pong from sandbox-shim"
+	run 0 -t "unix:$sock" ls --json "$T/d"
+	run 0 ping -t "unix:$sock" -c 2 --json
+	"$PY" -c 'import json, sys; assert len(json.load(open(sys.argv[1]))["rtt_ms"]) == 2' "$T/out" ||
+		fail "ping --json after the command: $(cat "$T/out")"
+	# ps and tunnels now take the global --json, before or after
+	run 0 -t "unix:$sock" ps --json
+	run 0 --json -t "unix:$sock" tunnels
+	# after exec, -t is exec's --tty and --timeout the command's; the global ones come first
+	run 0 --timeout 10 -t "unix:$sock" exec --timeout 5 -- true
+	run 0 -t "unix:$sock" exec --trace -- true
+	has err "sbx: trace: > REQUEST stream=1"
+	# a -- ends the options: what follows is the command's
+	run 0 -t "unix:$sock" exec -- echo --json -t x
+	[ "$(cat "$T/out")" = "--json -t x" ] || fail "exec -- ARGV: $(cat "$T/out")"
+	stop_daemon "$DPID"
+}
+
+# issue 18: bad global options after the command: a clear message and exit status 2
+case_global_bad()
+{
+	local sock=$T/s
+	start_daemon shim --listen "unix:$sock"
+	# given twice: once before and once after the command
+	run 2 -t "unix:$sock" ping -t "unix:$sock"
+	has err "sbx: ping: option '-t/--target' given both before and after the command"
+	run 2 --json -t "unix:$sock" stat --json /
+	has err "option '--json' given both before and after the command"
+	run 2 --timeout 5 -t "unix:$sock" info --timeout 5
+	has err "option '--timeout' given both before and after the command"
+	run 2 --trace -t "unix:$sock" info --trace
+	has err "option '--trace' given both before and after the command"
+	# repeated on one side, the last one wins, as it always did
+	run 0 -t unix:/nonexistent -t "unix:$sock" ping
+	# unknown, ambiguous and malformed options after the command
+	run 2 -t "unix:$sock" ping --bogus
+	has err "sbx: ping: unknown option '--bogus'"
+	has err "usage: sbx [OPTIONS] ping"
+	run 2 -t "unix:$sock" stat -Q /
+	has err "unknown option '-Q'"
+	run 2 -t "unix:$sock" ping --json=yes
+	has err "option '--json' takes no argument"
+	run 2 -t "unix:$sock" ping --t
+	has err "ambiguous option '--t'"
+	run 2 -t "unix:$sock" ping --timeout 0
+	has err "bad --timeout '0'"
+	run 2 ping -t
+	has err "needs an argument"
+	# --json on a command without JSON output, before or after it
+	run 2 -t "unix:$sock" cat --json /etc/hostname
+	has err "sbx: cat: --json: this command has no JSON output"
+	run 2 --json -t "unix:$sock" mkdir "$T/nope"
+	has err "sbx: mkdir: --json: this command has no JSON output"
+	[ ! -e "$T/nope" ] || fail "mkdir ran despite the usage error"
+	run 2 --json decode /dev/null
+	has err "no JSON output"
+	stop_daemon "$DPID"
+}
+
+# issue 18: JSON strings use the short escapes (\n, \t...), \u00XX only for other control bytes
+case_json_escapes()
+{
+	local sock=$T/s d
+	start_daemon shim --listen "unix:$sock"
+	d=$T/$'dir\nwith\ttab'
+	mkdir "$d"
+	printf x >"$d/"$'f\r\b\f\x01\x7f"\\'
+	run 0 -t "unix:$sock" stat --json "$d"
+	has out 'dir\nwith\ttab"'
+	grep -q 'u000a\|u0009' "$T/out" && fail "stat --json: \\u000a or \\u0009 for a newline or tab"
+	"$PY" -c 'import json, sys; assert json.load(open(sys.argv[1]))["path"] == sys.argv[2]' "$T/out" "$d" ||
+		fail "stat --json path does not round-trip: $(cat "$T/out")"
+	run 0 -t "unix:$sock" ls --json "$d"
+	has out '"f\r\b\f\u0001\u007f\"\\"'
+	run 0 -t "unix:$sock" realpath --json "$d"
+	has out '{"path":"'"$T"'/dir\nwith\ttab"}'
+	# the SDK's record writers (sbx_backup_record_json) escape the same way
+	run 0 -t "unix:$sock" backup "$d" --to "$T/b.tar" --json
+	has out '"dir":"'"$T"'/dir\nwith\ttab"'
+	"$PY" -c 'import json, sys; assert json.load(open(sys.argv[1]))["dir"] == sys.argv[2]' "$T/out" "$d" ||
+		fail "backup --json dir does not round-trip: $(cat "$T/out")"
+	stop_daemon "$DPID"
+}
+
 case "$CASE" in
-wait | exit_codes | json | trace | decode | token) "case_$CASE" ;;
+wait | exit_codes | json | trace | decode | token | global_after | global_bad | json_escapes) "case_$CASE" ;;
 *)
 	echo "cli.sh: no case '$CASE'" >&2
 	exit 2
