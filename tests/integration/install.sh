@@ -40,7 +40,9 @@ export LD_LIBRARY_PATH=
 unset SBX_TARGET SBX_TOKEN
 out=$("$P/bin/sbx" --version 2>&1) || fail "installed sbx --version: $out"
 case $out in "sbx "*"(libsbx "*) ;; *) fail "sbx --version printed: $out" ;; esac
-ldd "$P/bin/sbx" | grep -q "libsbx.so.0 => $P/" || fail "sbx does not find the installed libsbx: $(ldd "$P/bin/sbx")"
+# (ldd's output taken first: `ldd | grep -q` under pipefail fails when grep quits early)
+deps=$(ldd "$P/bin/sbx")
+grep -q "libsbx.so.0 => $P/" <<<"$deps" || fail "sbx does not find the installed libsbx: $deps"
 
 mkdir -m 0700 "$T/state"
 "$P/bin/sandbox-shim" --listen "unix:$T/s" --state-dir "$T/state" 2>"$T/shim.log" </dev/null &
