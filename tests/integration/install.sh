@@ -64,7 +64,7 @@ C
 flags=$(PKG_CONFIG_PATH=$(dirname "$PC") pkg-config --cflags --libs libsbx) || fail "pkg-config libsbx failed"
 # a sanitizer build's libsbx needs the sanitizer runtime loaded first
 san=
-ldd "$P/bin/sbx" | grep -q libasan && san=-fsanitize=address,undefined
+grep -q libasan <<<"$deps" && san=-fsanitize=address,undefined
 # shellcheck disable=SC2086 # the flags are words
 cc $san -o "$T/v" "$T/v.c" $flags 2>"$T/cc.log" || fail "cc $flags: $(cat "$T/cc.log")"
 out=$("$T/v" 2>&1) || fail "the pkg-config-built program: $out"
