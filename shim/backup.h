@@ -87,6 +87,7 @@ struct bk {
 	/* the handoff */
 	struct bk_buf buf[BK_NBUF];
 	unsigned nbuf;         /* of them in use */
+	size_t held;           /* bytes of the daemon's budget they are (stream_reserve) */
 	bool counted;          /* in jobs_running (op_backup.c) */
 	unsigned fill;         /* worker: the buffer being filled */
 	unsigned head;         /* loop: the next buffer to send */

@@ -1,6 +1,8 @@
 /* conn.c: a client connection: reading and checking frames, bounded output, stream bookkeeping. */
 #include "conn.h"
+#include "budget.h"
 #include "dispatch.h"
+#include "errnames.h"
 #include "frame.h"
 #include "listen.h"
 #include "log.h"
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -24,6 +27,12 @@
 #define OUT_SOFT (1u << 20)
 #define OUT_STOP_READ (2u * OUT_SOFT)
 #define OUT_HARD (32u << 20)
+/* What the producers of one connection's streams may hold besides its output (read
+ * buffers): enough for a few streams at full speed, and a client with 255 streams
+ * that it grants credit and never reads costs this, not 255 buffers. */
+#define CONN_HOLD_MAX (2u * OUT_SOFT)
+/* Under the daemon's budget, DATA is not queued in slivers: this much or nothing. */
+#define ROOM_MIN (4u << 10)
 #define CHUNK_MIN (FRAME_DATA_CHUNK + 2 * FRAME_HDR_LEN)
 #define IN_START (16u << 10)
 #define LINGER_SECONDS 5.0
@@ -31,6 +40,7 @@
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void handshake_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void stream_abort(struct stream *st, const struct shim_err *err);
 
@@ -61,10 +71,13 @@ struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, 
 	ev_io_init(&c->wio, conn_write_cb, wfd, EV_WRITE);
 	ev_io_start(s->loop, &c->rio);
 	c->last_rx = ev_now(s->loop);
+	/* Keepalive starts with HELLO_OK (no PING before it); until then the handshake
+	 * deadline, whatever --keepalive says, bounds a client that never speaks. */
 	ev_init(&c->keepalive, keepalive_cb);
-	if (s->cfg.keepalive > 0) {
-		c->keepalive.repeat = s->cfg.keepalive;
-		ev_timer_again(s->loop, &c->keepalive);
+	ev_init(&c->handshake, handshake_cb);
+	if (s->cfg.handshake_timeout > 0) {
+		c->handshake.repeat = s->cfg.handshake_timeout;
+		ev_timer_again(s->loop, &c->handshake);
 	}
 	ev_init(&c->linger, linger_cb);
 
@@ -112,6 +125,16 @@ static void chunk_put(struct obuf_chunk *k)
 	free(k);
 }
 
+void conn_budget_trim(void)
+{
+	while (spare != NULL) {
+		struct obuf_chunk *k = spare;
+		spare = k->next;
+		free(k);
+	}
+	nspare = 0;
+}
+
 static int out_reserve(struct conn *c, size_t need)
 {
 	struct obuf_chunk *t = c->out_tail;
@@ -152,6 +175,7 @@ void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, con
 		memcpy(t->data + t->len + FRAME_HDR_LEN, payload, len);
 	t->len += FRAME_HDR_LEN + len;
 	c->outlen += FRAME_HDR_LEN + len;
+	budget_take(FRAME_HDR_LEN + len);
 	c->want_flush = true;
 }
 
@@ -159,7 +183,19 @@ size_t conn_room(const struct conn *c)
 {
 	if (c->state != CONN_READY || c->outlen >= OUT_SOFT)
 		return 0;
-	return OUT_SOFT - c->outlen;
+	/* (its output only: a stream's buffer waiting to go out must not take the room it
+	 * is to go into) */
+	return budget_room(c->outlen, OUT_SOFT - c->outlen, ROOM_MIN, c->srv->n_conns);
+}
+
+/* A stream of c waits for room: if the daemon's budget is what it lacks (not its
+ * connection's output room), have conn_budget_wake() come back for it. */
+static void note_budget(struct conn *c)
+{
+	if (c->state == CONN_READY && c->outlen < OUT_SOFT && conn_room(c) == 0) {
+		c->budget_parked = true;
+		budget_wait();
+	}
 }
 
 /* The blocked list is a FIFO so that streams take turns at the output room. */
@@ -191,8 +227,23 @@ static void conn_unblock_streams(struct conn *c)
 		blocked_remove(c, st);
 		if (st->ops != NULL && st->ops->writable != NULL)
 			st->ops->writable(st);
-		if (conn_room(c) == 0)
+		if (conn_room(c) == 0) {
+			note_budget(c);
 			break;
+		}
+	}
+}
+
+void conn_budget_wake(void)
+{
+	for (struct conn *c = srv != NULL ? srv->conns : NULL, *next; c != NULL; c = next) {
+		next = c->next;
+		if (!c->budget_parked)
+			continue;
+		/* set again by whoever is turned away once more */
+		c->budget_parked = false;
+		if (c->state == CONN_READY && c->blocked != NULL)
+			conn_unblock_streams(c);
 	}
 }
 
@@ -226,6 +277,7 @@ void conn_flush(struct conn *c)
 			return;
 		}
 		c->outlen -= (size_t)w;
+		budget_give((size_t)w);
 		size_t left = (size_t)w;
 		while (left > 0 || (c->out_head != NULL && c->out_head->off == c->out_head->len)) {
 			struct obuf_chunk *k = c->out_head;
@@ -302,6 +354,7 @@ static void conn_stop_io(struct conn *c)
 	ev_io_stop(loop, &c->rio);
 	ev_io_stop(loop, &c->wio);
 	ev_timer_stop(loop, &c->keepalive);
+	ev_timer_stop(loop, &c->handshake);
 	ev_timer_stop(loop, &c->linger);
 }
 
@@ -341,6 +394,7 @@ static void conn_begin_closing(struct conn *c)
 	c->state = CONN_CLOSING;
 	ev_io_stop(c->srv->loop, &c->rio);
 	ev_timer_stop(c->srv->loop, &c->keepalive);
+	ev_timer_stop(c->srv->loop, &c->handshake);
 	c->linger.repeat = LINGER_SECONDS;
 	ev_timer_again(c->srv->loop, &c->linger);
 	c->want_flush = true;
@@ -350,7 +404,12 @@ void conn_fail(struct conn *c, const struct shim_err *err)
 {
 	if (c->state == CONN_CLOSING || c->state == CONN_DEAD)
 		return;
-	log_warn("conn %s: protocol error: %s (errno %d)", c->peer, err->msg, err->code);
+	/* a refusal before HELLO_OK is one of possibly many (a flood, a scan): at most
+	 * one line a second; a client that was let in is logged in full */
+	if (c->state == CONN_HELLO)
+		listen_log_refusal(c->srv, "conn %s: refused: %s (%s)", c->peer, err->msg, errname_name(err->code));
+	else
+		log_warn("conn %s: protocol error: %s (errno %d)", c->peer, err->msg, err->code);
 	uint8_t buf[1600];
 	size_t n = disp_pack_error(err, buf, sizeof(buf));
 	/* streams die silently: the connection-level ERROR says why */
@@ -377,6 +436,8 @@ void conn_reap_dead(struct server *s)
 	while (s->dead != NULL) {
 		struct conn *c = s->dead;
 		s->dead = c->next;
+		budget_give(c->outlen);
+		c->outlen = 0;
 		while (c->out_head != NULL) {
 			struct obuf_chunk *k = c->out_head;
 			c->out_head = k->next;
@@ -426,6 +487,12 @@ static void stream_free(struct stream *st)
 	*pp = st->hnext;
 	if (st->blocked)
 		blocked_remove(c, st);
+	/* what its producer still holds is the producer's now (budget_give() when it
+	 * frees it): the connection's share is free for its other streams */
+	c->held -= st->held;
+	c->reserved -= st->reserved;
+	if (st->held > 0 && c->budget_parked)
+		budget_wake_soon();
 	c->nstreams--;
 	c->srv->n_streams--;
 	free(st);
@@ -544,6 +611,7 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 		memcpy(t->data + t->len, payload + skip, flen[i] - skip);
 		t->len += flen[i] - skip;
 		c->outlen += fl - left;
+		budget_take(fl - left);
 		c->direct_rest_id = st->id;
 		c->want_flush = true;
 		break;
@@ -555,9 +623,10 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 
 void stream_wait_writable(struct stream *st)
 {
+	struct conn *c = st->conn;
+	note_budget(c);
 	if (st->blocked)
 		return;
-	struct conn *c = st->conn;
 	st->blocked = true;
 	st->wnext = NULL;
 	if (c->blocked_tail != NULL)
@@ -566,6 +635,65 @@ void stream_wait_writable(struct stream *st)
 		c->blocked = st;
 	c->blocked_tail = st;
 	c->nblocked++;
+}
+
+size_t stream_hold(struct stream *st, size_t want, size_t min)
+{
+	struct conn *c = st->conn;
+	if (c->state != CONN_READY)
+		return 0; /* its streams are about to be cancelled */
+	if (min > want)
+		min = want;
+	size_t bufs = c->held - c->reserved;
+	size_t n = bufs < CONN_HOLD_MAX ? CONN_HOLD_MAX - bufs : 0;
+	if (n > want)
+		n = want;
+	size_t got = n >= min ? budget_room(bufs, n, min, c->srv->n_conns) : 0;
+	if (got == 0) {
+		/* woken by stream_unhold() on this connection, or by the budget */
+		c->budget_parked = true;
+		if (n >= min)
+			budget_wait();
+		stream_wait_writable(st);
+		return 0;
+	}
+	st->held += got;
+	c->held += got;
+	budget_take(got);
+	return got;
+}
+
+int stream_reserve(struct stream *st, size_t n, struct shim_err *err)
+{
+	struct conn *c = st->conn;
+	if (budget_room(c->reserved, n, n, c->srv->n_conns) < n)
+		return err_set(err, EAGAIN, NULL,
+			       "memory budget exhausted (%zu of --max-buffer %zu bytes held): try again", budget_used(),
+			       budget_max());
+	st->held += n;
+	st->reserved += n;
+	c->held += n;
+	c->reserved += n;
+	budget_take(n);
+	return 0;
+}
+
+void stream_unreserve(struct stream *st, size_t n)
+{
+	struct conn *c = st->conn;
+	st->reserved -= n;
+	c->reserved -= n;
+	stream_unhold(st, n);
+}
+
+void stream_unhold(struct stream *st, size_t n)
+{
+	struct conn *c = st->conn;
+	st->held -= n;
+	c->held -= n;
+	budget_give(n);
+	if (c->budget_parked)
+		budget_wake_soon();
 }
 
 void stream_grant(struct stream *st, uint32_t n)
@@ -636,7 +764,7 @@ static int no_such_stream(struct conn *c, const struct frame_hdr *h)
 static int handle_request(struct conn *c, const struct frame_hdr *h, const uint8_t *p)
 {
 	if (h->stream == 0 || (h->stream & 1) == 0)
-		return proto_error(c, EPROTO, "REQUEST on even stream id %u", h->stream);
+		return proto_error(c, EPROTO, "even stream id %u", h->stream);
 	if (h->stream <= c->last_stream)
 		return proto_error(c, EPROTO, "stream id %u reused", h->stream);
 	c->last_stream = h->stream;
@@ -657,15 +785,8 @@ static int handle_request(struct conn *c, const struct frame_hdr *h, const uint8
 		conn_fail(c, &e);
 		return -1;
 	}
-	int fatal = 0;
-	if (disp_request(st, p, h->len, &e, &fatal) < 0) {
-		if (fatal) {
-			stream_free(st);
-			conn_fail(c, &e);
-			return -1;
-		}
+	if (disp_request(st, p, h->len, &e) < 0)
 		stream_fail(st, &e);
-	}
 	return 0;
 }
 
@@ -710,8 +831,22 @@ static int handle_window(struct conn *c, const struct frame_hdr *h, const uint8_
 		blocked_remove(c, st);
 		if (st->ops != NULL && st->ops->writable != NULL)
 			st->ops->writable(st);
+	} else if (st->blocked) {
+		note_budget(c);
 	}
 	return 0;
+}
+
+/* Flags a client may set: FIN on DATA, nothing else (STDERR is the shim's). Other bits
+ * are reserved for a later protocol version, which would be negotiated: a v1 peer
+ * that sets them is refused, never silently half-understood. */
+static int check_flags(struct conn *c, const struct frame_hdr *h)
+{
+	uint8_t allowed = h->type == FRAME_DATA ? FRAME_FLAG_FIN : 0;
+	if ((h->flags & ~allowed) == 0)
+		return 0;
+	return proto_error(c, EPROTO, "reserved flags 0x%02x on a %s frame", h->flags & ~allowed,
+			   frame_type_name(h->type));
 }
 
 static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t *p)
@@ -722,12 +857,39 @@ static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t
 			return proto_error(c, EPROTO, "expected HELLO, got %s", frame_type_name(h->type));
 		if (h->stream != 0)
 			return proto_error(c, EPROTO, "HELLO on stream %u (must be 0)", h->stream);
+		if (check_flags(c, h) < 0)
+			return -1;
 		if (disp_hello(c, p, h->len, &e) < 0) {
 			conn_fail(c, &e);
 			return -1;
 		}
+		/* HELLO_OK is queued: from now on the keepalive watches the connection.
+		 * Frames the client sent behind its HELLO are handled next, in order. */
+		ev_timer_stop(c->srv->loop, &c->handshake);
+		if (c->srv->cfg.keepalive > 0) {
+			c->keepalive.repeat = c->srv->cfg.keepalive;
+			ev_timer_again(c->srv->loop, &c->keepalive);
+		}
 		return 0;
 	}
+	switch ((enum frame_type)h->type) {
+	case FRAME_HELLO:
+		return proto_error(c, EPROTO, "HELLO sent twice");
+	case FRAME_HELLO_OK:
+	case FRAME_EVENT:
+	case FRAME_END:
+	case FRAME_ERROR:
+		return proto_error(c, EPROTO, "frame type %s may not be sent by a client", frame_type_name(h->type));
+	case FRAME_REQUEST:
+	case FRAME_DATA:
+	case FRAME_WINDOW:
+	case FRAME_CANCEL:
+	case FRAME_PING:
+	case FRAME_PONG:
+		break;
+	}
+	if (check_flags(c, h) < 0)
+		return -1;
 	switch ((enum frame_type)h->type) {
 	case FRAME_REQUEST:
 		return handle_request(c, h, p);
@@ -736,6 +898,8 @@ static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t
 	case FRAME_WINDOW:
 		return handle_window(c, h, p);
 	case FRAME_CANCEL: {
+		if (h->len != 0)
+			return proto_error(c, EPROTO, "CANCEL payload of %u bytes (must be empty)", h->len);
 		struct stream *st = stream_lookup(c, h->stream);
 		if (st == NULL)
 			return no_such_stream(c, h);
@@ -744,23 +908,25 @@ static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t
 		return 0;
 	}
 	case FRAME_PING:
-		if (h->stream != 0)
-			return proto_error(c, EPROTO, "PING on stream %u (must be 0)", h->stream);
-		if (h->len > FRAME_PING_MAX)
-			return proto_error(c, EPROTO, "PING payload of %u bytes (limit 64)", h->len);
-		conn_send(c, 0, FRAME_PONG, 0, p, h->len);
-		return 0;
 	case FRAME_PONG:
+		if (h->stream != 0)
+			return proto_error(c, EPROTO, "%s on stream %u (must be 0)", frame_type_name(h->type),
+					   h->stream);
+		if (h->len > FRAME_PING_MAX)
+			return proto_error(c, EPROTO, "%s payload of %u bytes (limit 64)", frame_type_name(h->type),
+					   h->len);
+		/* a PONG needs no answer: it counted as input (the keepalive's) */
+		if (h->type == FRAME_PING)
+			conn_send(c, 0, FRAME_PONG, 0, p, h->len);
 		return 0;
 	case FRAME_HELLO:
-		return proto_error(c, EPROTO, "HELLO sent twice");
 	case FRAME_HELLO_OK:
 	case FRAME_EVENT:
 	case FRAME_END:
 	case FRAME_ERROR:
-		return proto_error(c, EPROTO, "frame type %s may not be sent by a client", frame_type_name(h->type));
+		break;
 	}
-	return proto_error(c, EPROTO, "unknown frame type %u", h->type);
+	return 0;
 }
 
 /* Parse and handle every whole frame in c->in; keep the unfinished tail. */
@@ -770,6 +936,13 @@ static void process_input(struct conn *c)
 	while (c->state == CONN_HELLO || c->state == CONN_READY) {
 		struct frame_hdr h;
 		enum frame_status fs = frame_check(c->in + off, c->inlen - off, c->max_frame, &h);
+		/* PROTOCOL.md 2: an unknown type is refused from its header, before the
+		 * payload is waited for (after the length and the malformed checks) */
+		if ((fs == FRAME_NEED_MORE || fs == FRAME_OK) && c->inlen - off >= FRAME_HDR_LEN &&
+		    h.type > FRAME_TYPE_MAX) {
+			proto_error(c, EPROTO, "unknown frame type %u", h.type);
+			return;
+		}
 		if (fs == FRAME_NEED_MORE) {
 			/* make room for the whole frame (its length is already checked) */
 			if (c->inlen - off >= FRAME_HDR_LEN && FRAME_HDR_LEN + (size_t)h.len > c->incap) {
@@ -794,7 +967,7 @@ static void process_input(struct conn *c)
 			return;
 		}
 		if (fs == FRAME_BAD) {
-			proto_error(c, EPROTO, "malformed frame header (type %u)", h.type);
+			proto_error(c, EPROTO, "malformed frame header (type %u, reserved %u)", h.type, h.reserved);
 			return;
 		}
 		c->last_rx = ev_now(c->srv->loop);
@@ -823,11 +996,9 @@ void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
 	}
 }
 
-static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+/* Read what the peer has sent (up to 8 reads) and handle the whole frames. */
+static void conn_read_input(struct conn *c)
 {
-	(void)loop;
-	(void)revents;
-	struct conn *c = container_of(w, struct conn, rio);
 	for (int rounds = 0; rounds < 8; rounds++) {
 		if (c->state != CONN_HELLO && c->state != CONN_READY)
 			return;
@@ -861,8 +1032,38 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 			conn_begin_closing(c);
 			return;
 		}
+		/* any byte is a sign of life, also the start of a frame still coming in */
+		c->last_rx = ev_now(c->srv->loop);
+		c->ping_out = false;
 		c->inlen += (size_t)n;
 		process_input(c);
+	}
+}
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	conn_read_input(container_of(w, struct conn, rio));
+}
+
+/* Input first, verdict second: before a timer judges the peer silent, take what the
+ * kernel already holds for us. After a pause of the whole daemon (SIGSTOP, a VM
+ * paused or snapshotted) an expired timer and the readable socket come due in the
+ * same loop iteration, and libev runs the timer first: the PONG the client sent at
+ * once would sit unread while the connection is closed for not answering. */
+static void conn_take_input(struct conn *c)
+{
+	if (ev_is_active(&c->rio)) {
+		conn_read_input(c);
+		return;
+	}
+	/* reading is paused (the client does not take its output): what waits in the
+	 * socket still shows that the peer is there */
+	int n = 0;
+	if (ioctl(c->rfd, FIONREAD, &n) == 0 && n > 0) {
+		c->last_rx = ev_now(c->srv->loop);
+		c->ping_out = false;
 	}
 }
 
@@ -870,6 +1071,9 @@ static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)revents;
 	struct conn *c = container_of(w, struct conn, keepalive);
+	conn_take_input(c);
+	if (c->state != CONN_READY)
+		return;
 	double ka = c->srv->cfg.keepalive;
 	ev_tstamp idle = ev_now(loop) - c->last_rx;
 	if (idle < ka) {
@@ -895,4 +1099,20 @@ static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	c->last_rx = ev_now(loop);
 	w->repeat = ka;
 	ev_timer_again(loop, w);
+}
+
+/* --handshake-timeout passed without a HELLO accepted (one that came meanwhile is
+ * read first): refuse and close. The deadline counts from the accept, not from the
+ * last byte, so a client sending its HELLO a byte at a time gains nothing. */
+static void handshake_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct conn *c = container_of(w, struct conn, handshake);
+	conn_take_input(c);
+	if (c->state != CONN_HELLO)
+		return;
+	struct shim_err e;
+	err_set(&e, ETIMEDOUT, NULL, "no HELLO within %g s", c->srv->cfg.handshake_timeout);
+	conn_fail(c, &e);
 }

@@ -38,6 +38,8 @@ struct stream {
 	int64_t send_credit; /* DATA bytes we may still send */
 	uint32_t recv_left;  /* DATA bytes the client may still send */
 	bool client_fin;
+	size_t held;     /* bytes its producer holds for it (stream_hold, stream_reserve) */
+	size_t reserved; /* of which stream_reserve()'s */
 };
 
 #define CONN_BUCKETS 64
@@ -58,7 +60,8 @@ struct conn {
 	int rfd, wfd;
 	ev_io rio, wio;
 	ev_timer keepalive, linger;
-	ev_tstamp last_rx;
+	ev_timer handshake; /* the HELLO must come within --handshake-timeout */
+	ev_tstamp last_rx;  /* when input last arrived (any bytes) */
 	bool ping_out;
 	bool need_token;
 	bool want_flush;
@@ -71,6 +74,9 @@ struct conn {
 
 	struct obuf_chunk *out_head, *out_tail;
 	size_t outlen;
+	size_t held;        /* bytes the producers of its streams hold (stream_hold, stream_reserve) */
+	size_t reserved;    /* of which stream_reserve()'s */
+	bool budget_parked; /* a stream waits for room in the daemon's --max-buffer */
 
 	uint32_t max_frame;
 	uint32_t peer_window; /* client's initial window */
@@ -94,8 +100,13 @@ void conn_close(struct conn *c, const char *why);
 void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len);
 /* Flush what can be written now (called before the loop sleeps). */
 void conn_flush(struct conn *c);
-/* Bytes of DATA the connection would take now without passing its soft limit. */
+/* Bytes of DATA the connection would take now without passing its soft limit or the
+ * daemon's memory budget (budget.h). */
 size_t conn_room(const struct conn *c);
+/* For budget_init(): wake the connections whose streams wait for budget; drop the
+ * spare output chunks. Loop thread. */
+void conn_budget_wake(void);
+void conn_budget_trim(void);
 /* Free dead connections; only at a safe point (before the loop sleeps). */
 void conn_reap_dead(struct server *s);
 /* Process raw input bytes as if they had been read (used by the fuzz harness). */
@@ -120,6 +131,22 @@ void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t
 size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy);
 /* Ask for a writable() call when room appears. */
 void stream_wait_writable(struct stream *st);
+/* Memory a producer fills before the bytes are DATA (a read's buffer): up to want
+ * bytes of the connection's share (CONN_HOLD_MAX) and of the daemon's budget, at least
+ * min, else 0 with the stream registered for writable() (called once there is room).
+ * Credit is the producer's business: hold no more than it may send. The bytes are the
+ * stream's until stream_unhold(); once the stream has ended (ended, failed or
+ * cancelled) they are the producer's, who hands them back with budget_give(). */
+size_t stream_hold(struct stream *st, size_t want, size_t min);
+void stream_unhold(struct stream *st, size_t n);
+/* Memory an operation keeps for the life of its stream (its state, fixed buffers),
+ * counted against the daemon's budget from the start: 0, or -1 with EAGAIN in err when
+ * the budget has no room for it (the request is refused, not queued). The operation
+ * gives the bytes back with budget_give() when it frees them (the connection forgets
+ * them when the stream ends). */
+int stream_reserve(struct stream *st, size_t n, struct shim_err *err);
+/* Give back n reserved bytes while the stream goes on (a buffer shrunk after a burst). */
+void stream_unreserve(struct stream *st, size_t n);
 /* Give the client n more bytes of DATA credit. */
 void stream_grant(struct stream *st, uint32_t n);
 /* End with END carrying the packed Result payload, or with ERROR; frees st. */

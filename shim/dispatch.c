@@ -6,12 +6,14 @@
 #include "listen.h"
 #include "log.h"
 #include "ops.h"
+#include "pbcheck.h"
 #include "server.h"
 #include "shim.pb-c.h"
 #include "util.h"
 #include "worker.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,8 +176,12 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 {
 	struct server *s = c->srv;
 	Shim__V1__Hello *h = shim__v1__hello__unpack(NULL, len, payload);
-	if (h == NULL)
-		return err_set(err, EBADMSG, NULL, "cannot decode Hello");
+	if (h == NULL) {
+		char why[200];
+		if (pb_explain(&shim__v1__hello__descriptor, payload, len, why, sizeof(why)) < 0)
+			snprintf(why, sizeof(why), "malformed");
+		return err_set(err, EBADMSG, NULL, "cannot decode Hello: %s", why);
+	}
 	int rc = -1;
 	if (h->protocol_version != SHIM_PROTOCOL_VERSION) {
 		err_set(err, EPROTONOSUPPORT, NULL, "protocol version %u not supported (this shim speaks %u)",
@@ -188,7 +194,7 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 			goto out;
 		}
 		if (!token_equal(h->token.data, h->token.len, (const uint8_t *)s->cfg.token, s->cfg.token_len)) {
-			log_warn("conn %s: bad token", c->peer);
+			/* logged with the refusal, rate-limited (conn_fail) */
 			err_set(err, EACCES, NULL, "bad token");
 			goto out;
 		}
@@ -237,19 +243,28 @@ out:
 	return rc;
 }
 
-int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct shim_err *err, int *conn_fatal)
+int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct shim_err *err)
 {
+	/* The framing is intact, so a payload that does not decode is this stream's
+	 * fault only: it ends with EBADMSG saying why, and the connection goes on. */
 	Shim__V1__Request *req = shim__v1__request__unpack(NULL, len, payload);
 	if (req == NULL) {
-		*conn_fatal = 1;
-		return err_set(err, EBADMSG, NULL, "cannot decode Request on stream %u", st->id);
+		char why[200];
+		if (pb_explain(&shim__v1__request__descriptor, payload, len, why, sizeof(why)) < 0)
+			snprintf(why, sizeof(why), "malformed");
+		return err_set(err, EBADMSG, NULL, "cannot decode Request: %s", why);
 	}
 	const struct disp_entry *e = NULL;
 	for (size_t i = 0; i < ARRAY_SIZE(table); i++)
 		if (table[i].kind == req->kind_case)
 			e = &table[i];
 	int rc;
-	if (e == NULL) {
+	char why[200];
+	if (pb_check_enums(&req->base, why, sizeof(why)) < 0) {
+		/* protobuf-c keeps any number: a value from a newer schema must not be
+		 * taken for another (an unknown restore mode for a replace) */
+		rc = err_set(err, EINVAL, NULL, "%s", why);
+	} else if (e == NULL) {
 		/* a kind this shim does not know (newer client): the field was skipped as
 		 * unknown, so no oneof case is set */
 		rc = err_set(err, ENOSYS, NULL, "unknown request kind");

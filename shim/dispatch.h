@@ -15,10 +15,11 @@ struct stream;
  * closes). */
 int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_err *err);
 
-/* REQUEST payload for the new stream st: decode, look the kind up, start the op.
- * -1 with err and conn_fatal set: a connection error (undecodable); -1 without:
- * a stream error (the stream is ended by the caller). */
-int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct shim_err *err, int *conn_fatal);
+/* REQUEST payload for the new stream st: decode, check, look the kind up, start the
+ * op. -1 with err: a stream error, which the caller ends the stream with (EBADMSG for
+ * a payload that does not decode, naming what is wrong; EINVAL for an enum value the
+ * schema lacks; ENOSYS for an unknown kind). */
+int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct shim_err *err);
 
 /* Encode err as an Error message into buf; returns its length (at most size). */
 size_t disp_pack_error(const struct shim_err *err, uint8_t *buf, size_t size);

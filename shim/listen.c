@@ -7,10 +7,14 @@
 #include "server.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -95,6 +99,122 @@ static void refuse(int fd, const struct shim_err *e)
 	close(fd);
 }
 
+/* ---- refusals: at most one log line a second ---- */
+
+static struct {
+	ev_timer window; /* active: a line went out less than a second ago */
+	bool ready;
+	unsigned suppressed; /* refusals since, not logged */
+	char last[300];      /* the last of them */
+} refusals;
+
+static void refusals_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	if (refusals.suppressed == 0) {
+		ev_timer_stop(loop, w); /* the next refusal is logged at once */
+		return;
+	}
+	log_warn("%u more connection%s refused in the last second (the last: %s)", refusals.suppressed,
+		 refusals.suppressed == 1 ? "" : "s", refusals.last);
+	refusals.suppressed = 0; /* the timer repeats: this line opens a new second */
+}
+
+void listen_log_refusal(struct server *s, const char *fmt, ...)
+{
+	if (!refusals.ready) {
+		ev_init(&refusals.window, refusals_cb);
+		refusals.window.repeat = 1.0;
+		refusals.ready = true;
+	}
+	char line[sizeof(refusals.last)];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (ev_is_active(&refusals.window)) {
+		refusals.suppressed++;
+		memcpy(refusals.last, line, sizeof(line));
+		return;
+	}
+	log_warn("%s", line);
+	ev_timer_again(s->loop, &refusals.window);
+}
+
+/* ---- the fd budget ---- */
+
+/* An fd kept open for one purpose: when accept() meets EMFILE, it is closed, the
+ * connection accepted, told why it is refused and closed, and the spare taken again
+ * (the classic trick: otherwise the client would hang in the backlog, or the
+ * listener would spin on a readable socket it cannot accept from). */
+static int spare_fd = -1;
+
+static void spare_take(void)
+{
+	if (spare_fd < 0)
+		spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+static unsigned open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (d == NULL)
+		return 16; /* no /proc: a guess on the safe side of an idle daemon */
+	unsigned n = 0;
+	for (struct dirent *e; (e = readdir(d)) != NULL;)
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n > 0 ? n - 1 : 0; /* opendir's own */
+}
+
+void listen_fd_budget(struct server *s, bool asked)
+{
+	spare_take();
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return;
+	unsigned used = open_fds();
+	rlim_t reserved = (rlim_t)used + LISTEN_FDS_DAEMON;
+	rlim_t fit = rl.rlim_cur > reserved ? (rl.rlim_cur - reserved) / LISTEN_FDS_PER_CONN : 0;
+	if (fit < 1)
+		fit = 1;
+	if (fit >= s->cfg.max_connections)
+		return;
+	/* once, at start-up: the limit is what it is for the daemon's life (a warning
+	 * when the operator asked for more, news otherwise) */
+	log_msg(asked ? LOG_WARN : LOG_INFO,
+		"--max-connections %u lowered to %u: RLIMIT_NOFILE is %llu, %u fds are in use, %d kept for the "
+		"daemon and %d budgeted per connection",
+		s->cfg.max_connections, (unsigned)fit, (unsigned long long)rl.rlim_cur, used, LISTEN_FDS_DAEMON,
+		LISTEN_FDS_PER_CONN);
+	s->cfg.max_connections = (unsigned)fit;
+}
+
+enum spare_result { SPARE_REFUSED, SPARE_NONE_WAITING, SPARE_FAILED };
+
+/* accept() met EMFILE or ENFILE: refuse one waiting connection with the spare fd.
+ * The kernel finds no fd before it looks at the queue, so the EMFILE may also mean
+ * that nobody is waiting (NONE_WAITING). FAILED: no spare, or another thread took the
+ * fd meanwhile. */
+static enum spare_result refuse_with_spare(struct listener *l, int accept_errno)
+{
+	if (spare_fd < 0)
+		return SPARE_FAILED;
+	close(spare_fd);
+	spare_fd = -1;
+	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	int e = errno;
+	if (fd >= 0) {
+		struct shim_err err;
+		err_set(&err, EAGAIN, NULL, "too many connections: the shim is out of file descriptors");
+		listen_log_refusal(l->srv, "refusing a connection on %s: accept: %s", l->addr, strerror(accept_errno));
+		refuse(fd, &err);
+	}
+	spare_take();
+	return fd >= 0 ? SPARE_REFUSED : e == EAGAIN || e == EWOULDBLOCK ? SPARE_NONE_WAITING : SPARE_FAILED;
+}
+
 static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)revents;
@@ -111,11 +231,21 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 	for (int i = 0; i < 64; i++) {
 		int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
+			int e = errno;
+			if (e == EINTR || e == ECONNABORTED)
 				continue;
-			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-				/* out of descriptors: pause accepting instead of spinning */
-				log_warn("accept on %s: %s; pausing for 100 ms", l->addr, strerror(errno));
+			if (e == EMFILE || e == ENFILE) {
+				enum spare_result r = refuse_with_spare(l, e);
+				if (r == SPARE_REFUSED)
+					continue;
+				if (r == SPARE_NONE_WAITING)
+					return;
+			}
+			if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+				/* out of descriptors (or memory) even for a refusal: pause
+				 * accepting instead of spinning */
+				listen_log_refusal(s, "accept on %s: %s; pausing for 100 ms", l->addr, strerror(e));
+				spare_take();
 				ev_io_stop(loop, &l->io);
 				l->retry.repeat = 0.1;
 				ev_timer_again(loop, &l->retry);
@@ -125,8 +255,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		char peer[96];
 		struct shim_err e;
 		if (s->n_conns >= s->cfg.max_connections) {
-			log_warn("refusing a connection on %s: too many connections (limit %u)", l->addr,
-				 s->cfg.max_connections);
+			listen_log_refusal(s, "refusing a connection on %s: too many connections (limit %u)", l->addr,
+					   s->cfg.max_connections);
 			err_set(&e, EAGAIN, NULL, "too many connections (limit %u)", s->cfg.max_connections);
 			refuse(fd, &e);
 			continue;
@@ -134,7 +264,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		switch (l->kind) {
 		case LISTEN_UNIX:
 			if (tr_unix_check_peer(s, fd, peer, sizeof(peer), &e) < 0) {
-				log_warn("refusing %s on %s: %s", peer, l->addr, e.msg);
+				listen_log_refusal(s, "refusing %s on %s: %s", peer, l->addr, e.msg);
 				refuse(fd, &e);
 				continue;
 			}

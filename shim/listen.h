@@ -29,6 +29,19 @@ void listener_start(struct listener *l);
 /* Stop accepting, close, and remove a unix socket file. */
 void listener_close(struct listener *l);
 
+/* Log a refused connection (at accept, or in the handshake) at warn level, at most one
+ * line a second for the whole daemon: refusals in between are counted, and the count
+ * is logged when the second is over. */
+void listen_log_refusal(struct server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Start-up, once the listeners (and a workload) are set up: keep a spare fd for
+ * refusing connections when the fds run out, and clamp cfg.max_connections to what
+ * RLIMIT_NOFILE allows, budgeting LISTEN_FDS_PER_CONN fds per connection (logged
+ * once). asked: --max-connections was given (a clamp is then a warning). */
+#define LISTEN_FDS_PER_CONN 8
+#define LISTEN_FDS_DAEMON 16
+void listen_fd_budget(struct server *s, bool asked);
+
 /* Transport-specific parts (tr_*.c). Each returns a listening fd or -1 with err. */
 int tr_unix_listen(struct server *s, const char *path, struct shim_err *err);
 int tr_tcp_listen(const char *hostport, char *bound, size_t bound_size, struct shim_err *err);

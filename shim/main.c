@@ -1,4 +1,5 @@
 /* main.c: sandbox-shim's entry point: options, listeners, the event loop. */
+#include "budget.h"
 #include "conn.h"
 #include "frame.h"
 #include "fs.h"
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,13 +47,21 @@ static void usage(FILE *f)
 		   "  --allow-uid UID          admit only unix peers with this uid (repeatable)\n"
 		   "\n"
 		   "limits:\n"
-		   "  --max-connections N      (default 1024)\n"
+		   "  --max-connections N      (default 1024; lowered to what RLIMIT_NOFILE allows, 8 fds\n"
+		   "                           per connection, the soft limit first raised to the hard)\n"
 		   "  --max-streams N          streams in flight per connection (default 256)\n"
 		   "  --max-frame BYTES        largest frame payload (default 1048576)\n"
-		   "  --workers N              worker threads kept ready (default 1; grows to 64 under load)\n"
+		   "  --workers N              worker threads kept ready (default 1; grows to 64 when\n"
+		   "                           jobs wait behind blocked ones)\n"
+		   "  --max-buffer BYTES       bytes buffered for all clients together (output, read-ahead,\n"
+		   "                           archive buffers; default 67108864); streams over it wait\n"
 		   "  --keepalive SECONDS      ping silent clients after this long; 0 = off (default 60)\n"
+		   "  --handshake-timeout SECONDS  a client's HELLO must be accepted within this time\n"
+		   "                           of its connect; 0 = no limit (default 10)\n"
 		   "  --shutdown-timeout SECONDS  time to finish work on SIGTERM (default 10)\n"
-		   "  --kill-grace SECONDS     shutdown: SIGTERM to every child, SIGKILL after this (default 5)\n"
+		   "  --kill-grace SECONDS     shutdown: SIGTERM to every child, SIGKILL after this (default 5);\n"
+		   "                           a workload is waited for as long as it takes, the grace is\n"
+		   "                           for what it leaves and for commands\n"
 		   "\n"
 		   "files:\n"
 		   "  --root DIR               every file path resolves beneath DIR (symlinks and ..\n"
@@ -92,6 +102,8 @@ enum {
 	OPT_KILL_GRACE,
 	OPT_LISTEN_OPTIONAL,
 	OPT_LOG_FILE,
+	OPT_HANDSHAKE_TIMEOUT,
+	OPT_MAX_BUFFER,
 };
 
 static const struct option options[] = {
@@ -107,7 +119,9 @@ static const struct option options[] = {
 	{"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
 	{"max-frame", required_argument, NULL, OPT_MAX_FRAME},
 	{"workers", required_argument, NULL, OPT_WORKERS},
+	{"max-buffer", required_argument, NULL, OPT_MAX_BUFFER},
 	{"keepalive", required_argument, NULL, OPT_KEEPALIVE},
+	{"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
 	{"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
 	{"kill-grace", required_argument, NULL, OPT_KILL_GRACE},
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -195,6 +209,24 @@ static int read_token(const char *path, const char *origin, struct server_config
 	return 0;
 }
 
+/* The soft RLIMIT_NOFILE up to the hard one: PID 1 starts with 1024 of 4096 (the
+ * kernel's), and every connection and request costs fds. Children inherit it (an
+ * ExecRequest's rlimits can lower it for a command). Start-up only. */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+		return;
+	rlim_t was = rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		log_warn("cannot raise RLIMIT_NOFILE from %llu to %llu: %s", (unsigned long long)was,
+			 (unsigned long long)rl.rlim_max, strerror(errno));
+		return;
+	}
+	log_debug("RLIMIT_NOFILE raised from %llu to %llu", (unsigned long long)was, (unsigned long long)rl.rlim_max);
+}
+
 /* Create the private state directory (0700, ours) if needed. Start-up only. */
 static int state_dir_init(struct server_config *cfg)
 {
@@ -279,6 +311,7 @@ int main(int argc, char **argv)
 	const char *token_file = NULL;
 	const char *log_file = NULL;
 	bool log_level_given = false;
+	bool max_conn_given = false;
 	int opt;
 
 	/* '+': options end at the first non-option, so a workload's own options after
@@ -324,6 +357,7 @@ int main(int argc, char **argv)
 			break;
 		case OPT_MAX_CONN:
 			s.cfg.max_connections = (unsigned)parse_num(optarg, "--max-connections", 1, 1000000);
+			max_conn_given = true;
 			break;
 		case OPT_MAX_STREAMS:
 			s.cfg.max_streams = (unsigned)parse_num(optarg, "--max-streams", 1, 1000000);
@@ -336,8 +370,14 @@ int main(int argc, char **argv)
 			if (s.cfg.max_workers < s.cfg.workers)
 				s.cfg.max_workers = s.cfg.workers;
 			break;
+		case OPT_MAX_BUFFER:
+			s.cfg.max_buffer = parse_num(optarg, "--max-buffer", BUDGET_MIN, 1ul << 40);
+			break;
 		case OPT_KEEPALIVE:
 			s.cfg.keepalive = parse_seconds(optarg, "--keepalive");
+			break;
+		case OPT_HANDSHAKE_TIMEOUT:
+			s.cfg.handshake_timeout = parse_seconds(optarg, "--handshake-timeout");
 			break;
 		case OPT_SHUTDOWN_TIMEOUT:
 			s.cfg.shutdown_timeout = parse_seconds(optarg, "--shutdown-timeout");
@@ -432,6 +472,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	raise_nofile();
 	struct shim_err serr;
 	if (fs_init(s.cfg.root, &serr) < 0) {
 		fprintf(stderr, "sandbox-shim: --root %s: %s: %s\n", s.cfg.root, serr.msg, strerror(serr.code));
@@ -496,6 +537,8 @@ int main(int argc, char **argv)
 			return rc < 0 ? 1 : rc;
 		}
 	}
+	/* what is open now is the daemon's own: the rest of the fds are the connections' */
+	listen_fd_budget(&s, max_conn_given);
 	log_info("sandbox-shim %s ready (pid %d%s)", SHIM_VERSION, (int)s.pid, s.pid1 ? ", PID 1" : "");
 	ev_run(loop, 0);
 	/* every child is gone now: unmount what was mounted, and such */

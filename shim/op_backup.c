@@ -1,5 +1,6 @@
 /* op_backup.c: directory backups and restores on the loop side: requests, the handoff with the worker, progress, results. */
 #include "backup.h"
+#include "budget.h"
 #include "conn.h"
 #include "frame.h"
 #include "log.h"
@@ -160,7 +161,8 @@ static void bk_free(struct bk *b)
 	if (b->counted)
 		jobs_running--;
 	for (unsigned i = 0; i < b->nbuf; i++)
-		free(b->buf[i].data);
+		budget_free(b->buf[i].data, BK_BUF);
+	budget_give(b->held);
 	for (size_t i = 0; i < b->n_excludes; i++)
 		free(b->excludes[i]);
 	free(b->excludes);
@@ -521,9 +523,21 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	/* the handoff buffers (with to_path, the first one buffers the file writes) */
 	/* the full set of buffers for the one job running; a few each when several
 	 * share the CPUs anyway (memory stays a few MiB per job) */
-	b->nbuf = b->has_to ? 1u : jobs_running > 0 ? BK_NBUF_MIN : BK_NBUF;
+	unsigned nbuf = b->has_to ? 1u : jobs_running > 0 ? BK_NBUF_MIN : BK_NBUF;
+	/* They come out of the daemon's memory budget: fewer when it is short (the archive
+	 * then waits for the client in smaller steps), and with not even one the request
+	 * is refused with EAGAIN. */
+	for (; nbuf > 0; nbuf--) {
+		struct shim_err e;
+		if (stream_reserve(st, nbuf * BK_BUF, nbuf == 1 ? err : &e) == 0)
+			break;
+	}
+	if (nbuf == 0)
+		goto fail;
+	b->held = nbuf * BK_BUF;
+	b->nbuf = nbuf;
 	for (unsigned i = 0; i < b->nbuf; i++) {
-		b->buf[i].data = malloc(BK_BUF);
+		b->buf[i].data = budget_alloc(BK_BUF);
 		if (b->buf[i].data == NULL) {
 			err_set(err, ENOMEM, NULL, "out of memory");
 			goto fail;

@@ -1,9 +1,12 @@
 /* op_fs_io.c: streamed file reads and atomic writes, with bounded memory and all I/O on workers. */
+#include "budget.h"
 #include "conn.h"
+#include "frame.h"
 #include "fs.h"
 #include "journal.h"
 #include "log.h"
 #include "ops.h"
+#include "server.h"
 #include "util.h"
 #include "worker.h"
 
@@ -18,9 +21,30 @@
 
 /* ================================ read ================================ */
 
-/* Two buffers: a worker fills one with pread while the loop sends the other. */
-#define READ_BUF (256u << 10)
+/*
+ * A read follows the client's credit: a worker reads a chunk only when the client may
+ * take it (credit, less what is read and not yet sent) and there is memory for it (the
+ * connection's share and the daemon's budget: stream_hold), hands it to the loop and
+ * is free again; the loop sends it, and asks for the next chunk as credit comes back.
+ * A read without credit parks on the loop holding no thread and no buffer, whatever
+ * the file: 256 reads at zero credit cost 256 small structs. Two buffers, so that a
+ * worker fills one while the loop sends the other.
+ *
+ * The end of a regular file is seen without credit to spare: the chunk that reaches
+ * the size found at the open asks for one byte more, and a short read is the end (a
+ * client that granted exactly the file's size gets its END). A file that turns out to
+ * have grown is read in whole chunks from then on, to a short read.
+ *
+ * FIFOs and sockets are read on the loop (non-blocking, like a command's output):
+ * waiting for a writer, or for its bytes, is no work for a thread.
+ */
+#define READ_BUF BUDGET_POOLED
 #define READ_NBUF 2
+/* A chunk up to this size (a client that grants 4 KiB at a time) gets a buffer of its
+ * own size; bigger ones a READ_BUF one (from the budget's pool). Under memory pressure
+ * a chunk gets what there is, down to READ_SMALL. */
+#define READ_SMALL (64u << 10)
+#define SIZE_UNKNOWN UINT64_MAX
 
 enum { RB_IDLE, RB_BUSY, RB_READY };
 
@@ -29,12 +53,13 @@ struct rd;
 struct rd_buf {
 	struct work work;
 	struct rd *r;
-	uint8_t *data;
-	uint64_t off; /* file offset of data[0] */
-	size_t want;  /* bytes asked for */
-	size_t len;   /* bytes read */
-	size_t sent;  /* bytes of data already queued as DATA */
-	int err;      /* errno of a failed read, or 0 */
+	uint8_t *data; /* NULL when idle without memory */
+	size_t cap;    /* bytes of data (held from the budget) */
+	uint64_t off;  /* file offset of data[0] */
+	size_t want;   /* bytes asked for */
+	size_t len;    /* bytes read */
+	size_t sent;   /* bytes of data already queued as DATA */
+	int err;       /* errno of a failed read, or 0 */
 	int state;
 };
 
@@ -46,26 +71,47 @@ struct rd {
 	int rc;
 	int fd;
 	bool seekable;
+	bool on_loop;       /* a FIFO or a socket: read on the loop, non-blocking */
 	bool sparse;        /* a regular file with fewer blocks than its size: look for holes */
 	bool opening;       /* the open job is in flight */
 	bool stop;          /* submit nothing more */
 	bool closing;       /* the close job is on its way: free when it is back */
 	unsigned busy;      /* jobs in flight */
 	uint64_t next, end; /* next offset to ask for; where to stop (saturated) */
+	uint64_t size;      /* a regular file's size at the open (SIZE_UNKNOWN: read to a short read) */
 	uint64_t sent;
-	size_t cap;          /* size of each buffer */
 	unsigned nbuf, head; /* head: the buffer to send next (lowest offset) */
 	struct rd_buf b[READ_NBUF];
+	/* on the loop */
+	ev_io io;
+	bool pend_full; /* one byte read without credit, to see the end: pend */
+	uint8_t pend;
+	bool woke; /* the FIFO was readable once: a writer has come (before, read says EOF) */
 };
 
 static void rd_release(struct rd *r);
 static void rd_pump(struct stream *st);
 
+/* The buffer's memory goes back: to the stream's hold while the stream lives. */
+static void rd_buf_drop(struct rd *r, struct rd_buf *b)
+{
+	if (b->data == NULL)
+		return;
+	budget_free(b->data, b->cap);
+	if (r->st != NULL)
+		stream_unhold(r->st, b->cap);
+	else
+		budget_give(b->cap);
+	b->data = NULL;
+	b->cap = 0;
+}
+
 static void rd_free(struct rd *r)
 {
 	for (unsigned i = 0; i < READ_NBUF; i++)
-		free(r->b[i].data);
+		rd_buf_drop(r, &r->b[i]);
 	free(r);
+	budget_give(sizeof(*r)); /* op_fs_read's stream_reserve() */
 }
 
 static void rd_close_run(struct work *w)
@@ -86,12 +132,17 @@ static void rd_close_done(struct work *w)
 static void rd_release(struct rd *r)
 {
 	r->stop = true;
+	if (r->on_loop)
+		ev_io_stop(srv->loop, &r->io);
 	if (r->busy > 0 || r->closing)
 		return;
 	if (r->fd < 0) {
 		rd_free(r);
 		return;
 	}
+	/* the buffers now, the struct when the fd is closed */
+	for (unsigned i = 0; i < READ_NBUF; i++)
+		rd_buf_drop(r, &r->b[i]);
 	r->closing = true;
 	r->work.run = rd_close_run;
 	r->work.done = rd_close_done;
@@ -149,7 +200,7 @@ static void rd_buf_run(struct work *w)
 		if (n == 0)
 			return; /* end of file */
 		b->len += (size_t)n;
-		/* a pipe or a device: hand on what came, rather than wait for a full buffer */
+		/* a device: hand on what came, rather than wait for a full buffer */
 		if (!r->seekable)
 			return;
 	}
@@ -168,23 +219,87 @@ static void rd_buf_done(struct work *w)
 	rd_pump(r->st);
 }
 
-/* Ask a worker to fill b with the next range; leaves b idle when all is asked for. */
-static void rd_submit(struct rd *r, struct rd_buf *b)
+/* Bytes the client may still take beyond what is read (or being read) and not sent. */
+static int64_t rd_credit_left(const struct rd *r)
 {
-	b->state = RB_IDLE;
+	int64_t ahead = 0;
+	for (unsigned i = 0; i < r->nbuf; i++) {
+		const struct rd_buf *b = &r->b[i];
+		if (b->state == RB_BUSY)
+			ahead += (int64_t)b->want;
+		else if (b->state == RB_READY)
+			ahead += (int64_t)(b->len - b->sent);
+	}
+	return r->st->send_credit - ahead;
+}
+
+/* Ask a worker to fill b (idle, next in file order) with the next chunk. False when
+ * nothing may be read now: no credit, no memory (the stream is then registered for
+ * writable()), or everything asked for. */
+static bool rd_fill(struct rd *r, struct rd_buf *b)
+{
+	struct stream *st = r->st;
 	if (r->stop || r->next >= r->end)
-		return;
+		return false;
+	/* a regular file: nothing past the end the open saw but the probing byte, and
+	 * nothing behind that byte until it is back */
 	uint64_t left = r->end - r->next;
+	if (r->size != SIZE_UNKNOWN) {
+		for (unsigned i = 0; i < r->nbuf; i++)
+			if (r->b[i].state != RB_IDLE && r->b[i].off + r->b[i].want > r->size)
+				return false;
+		uint64_t to_size = r->size > r->next ? r->size - r->next : 0;
+		if (to_size < left)
+			left = to_size;
+	}
+	int64_t credit = rd_credit_left(r);
+	if (credit <= 0 && left > 0) {
+		stream_wait_writable(st);
+		return false;
+	}
+	size_t n = READ_BUF;
+	if ((uint64_t)credit < n)
+		n = (size_t)credit;
+	if (left < n)
+		n = (size_t)left;
+	/* (a full-size buffer takes the probing byte in place of the file's last one) */
+	size_t need = n < READ_BUF ? n + 1 : READ_BUF;
+	if (b->data == NULL || b->cap < need) {
+		rd_buf_drop(r, b);
+		size_t cap = need > READ_SMALL ? READ_BUF : (need + 4095) & ~(size_t)4095;
+		size_t got = stream_hold(st, cap, cap < READ_SMALL ? cap : READ_SMALL);
+		if (got == 0)
+			return false;
+		b->data = budget_alloc(got);
+		if (b->data == NULL) {
+			stream_unhold(st, got);
+			b->len = b->sent = 0;
+			b->err = ENOMEM;
+			b->state = RB_READY;
+			return false;
+		}
+		b->cap = got;
+	}
+	if (n > b->cap)
+		n = b->cap;
+	/* the chunk that reaches the size: one byte more, so that a short read tells the
+	 * end (room for that byte: one less of the file, fetched by the next chunk) */
+	bool probe = r->size != SIZE_UNKNOWN && r->next + n >= r->size && r->next + n < r->end;
+	if (probe && n == b->cap) {
+		n--;
+		probe = r->next + n >= r->size;
+	}
 	b->off = r->next;
-	b->want = left < r->cap ? (size_t)left : r->cap;
+	b->want = n + (probe ? 1 : 0);
 	b->len = b->sent = 0;
 	b->err = 0;
 	b->state = RB_BUSY;
-	/* a pipe returns what it has: its next offset is known only afterwards */
+	/* a device returns what it has: its next offset is known only afterwards */
 	if (r->seekable)
 		r->next += b->want;
 	r->busy++;
 	worker_submit(&b->work);
+	return true;
 }
 
 static void rd_finish(struct rd *r)
@@ -210,44 +325,45 @@ static void rd_fail(struct rd *r, const struct shim_err *err)
 }
 
 /* Send what the buffers hold, in file order, as far as credit and the connection
- * allow; refill each buffer as soon as it is drained. */
+ * allow; ask for the next chunks as far as credit and memory allow. */
 static void rd_pump(struct stream *st)
 {
 	struct rd *r = st->op_data;
+	bool stuck = false; /* bytes to send, and no room or credit for them */
 	for (;;) {
 		struct rd_buf *b = &r->b[r->head];
-		if (b->state == RB_BUSY)
-			return; /* rd_buf_done comes back here */
-		if (b->state == RB_IDLE) {
-			rd_finish(r);
-			return;
-		}
-		if (b->err != 0) {
-			/* also after bytes went out: the client must not take a short file
-			 * for a whole one */
-			struct shim_err e;
-			err_set(&e, b->err, r->p.abs, "read");
-			rd_fail(r, &e);
-			return;
-		}
+		if (b->state != RB_READY)
+			break;
 		while (b->sent < b->len) {
 			size_t n = stream_can_send(st);
-			if (n == 0) {
-				stream_wait_writable(st);
-				return;
-			}
+			if (n == 0)
+				break;
 			if (n > b->len - b->sent)
 				n = b->len - b->sent;
 			stream_send_data(st, b->data + b->sent, n, false);
 			b->sent += n;
 			r->sent += n;
 		}
+		if (b->sent < b->len) {
+			stuck = true;
+			break;
+		}
+		if (b->err != 0) {
+			/* the bytes read before the error went out; the error ends the stream,
+			 * also after bytes went out: the client must not take a short file for
+			 * a whole one */
+			struct shim_err e;
+			err_set(&e, b->err, r->p.abs, b->err == ENOMEM ? "read: out of memory" : "read");
+			rd_fail(r, &e);
+			return;
+		}
 		bool eof = r->seekable ? b->len < b->want : b->len == 0;
 		if (!r->seekable)
 			r->next = b->off + b->len;
-		if (eof)
-			r->stop = true;
-		rd_submit(r, b);
+		/* more than the size the open saw: the file grows, read it to a short read */
+		if (r->size != SIZE_UNKNOWN && b->off + b->len > r->size)
+			r->size = SIZE_UNKNOWN;
+		b->state = RB_IDLE;
 		r->head = (r->head + 1) % r->nbuf;
 		if (eof) {
 			/* the other buffer holds bytes past the end, if any: drop them */
@@ -255,6 +371,136 @@ static void rd_pump(struct stream *st)
 			return;
 		}
 	}
+	/* the next chunks, into the idle buffers after the busy and ready ones */
+	bool filled = false;
+	for (;;) {
+		unsigned k = 0;
+		while (k < r->nbuf && r->b[(r->head + k) % r->nbuf].state != RB_IDLE)
+			k++;
+		/* a device: one read at a time (where the next starts is known after it) */
+		if (k == r->nbuf || (!r->seekable && k > 0))
+			break;
+		struct rd_buf *b = &r->b[(r->head + k) % r->nbuf];
+		if (!rd_fill(r, b)) {
+			if (b->state == RB_READY) /* out of memory: failed in order, from the head */
+				filled = true;
+			break;
+		}
+		filled = true;
+	}
+	if (r->b[r->head].state == RB_IDLE && !filled) {
+		/* nothing read, nothing in flight: the end, or a wait (rd_fill registered it) */
+		if (r->stop || r->next >= r->end) {
+			rd_finish(r);
+			return;
+		}
+	}
+	if (r->b[r->head].state == RB_READY && r->b[r->head].err == ENOMEM && r->b[r->head].len == 0) {
+		rd_pump(st);
+		return;
+	}
+	if (stuck)
+		stream_wait_writable(st);
+	/* waiting for credit or memory: the idle buffers' memory goes back meanwhile */
+	if (!filled)
+		for (unsigned i = 0; i < r->nbuf; i++)
+			if (r->b[i].state == RB_IDLE)
+				rd_buf_drop(r, &r->b[i]);
+}
+
+/* ---- FIFOs and sockets, on the loop ---- */
+
+static uint8_t rd_loop_buf[FRAME_DATA_CHUNK];
+
+/* Read what the FIFO has, as far as credit and the connection allow. Without credit, at
+ * most one byte (kept in pend), so that a writer's end is still seen and reported. */
+static void rd_loop_pump(struct stream *st, bool readable)
+{
+	struct rd *r = st->op_data;
+	struct ev_loop *loop = srv->loop;
+	if (readable)
+		r->woke = true;
+	if (!r->woke) {
+		/* no writer yet: a non-blocking read would return 0, taken for the end */
+		ev_io_start(loop, &r->io);
+		return;
+	}
+	for (int round = 0; round < 16; round++) {
+		size_t n = stream_can_send(st);
+		if (n > 0 && r->pend_full) {
+			stream_send_data(st, &r->pend, 1, false);
+			r->pend_full = false;
+			r->sent++;
+			r->next++;
+			continue;
+		}
+		if (r->next >= r->end) {
+			rd_finish(r);
+			return;
+		}
+		if (n == 0) {
+			stream_wait_writable(st);
+			/* no room while credit is left (output full), or a byte is kept: nothing to
+			 * learn from the FIFO now */
+			if (st->send_credit > 0 || r->pend_full) {
+				ev_io_stop(loop, &r->io);
+				return;
+			}
+			if (!readable) {
+				ev_io_start(loop, &r->io);
+				return;
+			}
+			n = 1;
+		}
+		bool probe = stream_can_send(st) == 0;
+		if (r->end - r->next < n)
+			n = (size_t)(r->end - r->next);
+		ssize_t k = read(r->fd, probe ? &r->pend : rd_loop_buf, n);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				ev_io_start(loop, &r->io);
+				return;
+			}
+			struct shim_err e;
+			err_set(&e, errno, r->p.abs, "read");
+			rd_fail(r, &e);
+			return;
+		}
+		if (k == 0) {
+			rd_finish(r);
+			return;
+		}
+		readable = false;
+		if (probe) {
+			r->pend_full = true;
+			continue;
+		}
+		stream_send_data(st, rd_loop_buf, (size_t)k, false);
+		r->sent += (uint64_t)k;
+		r->next += (uint64_t)k;
+	}
+	/* more may be there: come back through the loop, after the others */
+	ev_io_start(loop, &r->io);
+}
+
+static void rd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct rd *r = container_of(w, struct rd, io);
+	if (r->st != NULL)
+		rd_loop_pump(r->st, true);
+}
+
+static void rd_writable(struct stream *st)
+{
+	struct rd *r = st->op_data;
+	if (r->on_loop)
+		rd_loop_pump(st, false);
+	else
+		rd_pump(st);
 }
 
 static void rd_cancel(struct stream *st)
@@ -272,7 +518,7 @@ static void rd_cancel(struct stream *st)
 	rd_release(r);
 }
 
-static const struct stream_ops rd_ops = {.writable = rd_pump, .cancel = rd_cancel};
+static const struct stream_ops rd_ops = {.writable = rd_writable, .cancel = rd_cancel};
 
 static void rd_open_run(struct work *w)
 {
@@ -289,7 +535,9 @@ static void rd_open_run(struct work *w)
 			return;
 		}
 	}
-	int cleanup_close fd = fs_open(&r->p, O_RDONLY | O_NOCTTY, 0, &r->err);
+	/* O_NONBLOCK: a FIFO opens at once, writer or not (the loop waits for one, see
+	 * rd_loop_pump); for what is read on a worker it is taken off again below */
+	int cleanup_close fd = fs_open(&r->p, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, &r->err);
 	if (fd < 0)
 		return;
 	if (fstat(fd, &st) < 0) {
@@ -301,6 +549,7 @@ static void rd_open_run(struct work *w)
 		return;
 	}
 	r->seekable = S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
+	r->on_loop = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
 	if (!r->seekable && offset > 0) {
 		err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
 		return;
@@ -309,32 +558,21 @@ static void rd_open_run(struct work *w)
 		err_set(&r->err, EINVAL, r->p.abs, "offset beyond the largest file offset");
 		return;
 	}
-	/* Buffers no larger than what is to be read: a small file costs little. */
-	r->cap = READ_BUF;
-	r->nbuf = READ_NBUF;
-	uint64_t want = r->end - offset;
+	if (!r->on_loop) {
+		int fl = fcntl(fd, F_GETFL);
+		if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+			err_set(&r->err, errno, r->p.abs, "fcntl");
+			return;
+		}
+	}
+	r->nbuf = r->seekable ? READ_NBUF : 1;
+	r->size = SIZE_UNKNOWN;
 	if (S_ISREG(st.st_mode)) {
-		uint64_t size_left = (uint64_t)st.st_size > offset ? (uint64_t)st.st_size - offset : 0;
-		/* one page more than the size, so that a file that is just this size is
-		 * found complete by a single short read */
-		if (size_left + 4096 < want)
-			want = size_left + 4096;
+		/* (a file of /proc says 0 whatever it holds: read it to a short read) */
+		r->size = st.st_size > 0 ? (uint64_t)st.st_size : SIZE_UNKNOWN;
 		/* (a file of /proc has size 0 and is never taken for sparse) */
 		r->sparse = st.st_size > 0 && (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size;
 		posix_fadvise(fd, (off_t)offset, 0, POSIX_FADV_SEQUENTIAL);
-	}
-	if (want < r->cap) {
-		r->cap = want > 0 ? (size_t)want : 1;
-		r->nbuf = 1;
-	}
-	if (!r->seekable)
-		r->nbuf = 1;
-	for (unsigned i = 0; i < r->nbuf; i++) {
-		r->b[i].data = malloc(r->cap);
-		if (r->b[i].data == NULL) {
-			err_set(&r->err, ENOMEM, r->p.abs, "out of memory");
-			return;
-		}
 	}
 	r->fd = steal_fd(fd);
 	r->rc = 0;
@@ -353,19 +591,29 @@ static void rd_open_done(struct work *w)
 		rd_fail(r, &r->err);
 		return;
 	}
-	for (unsigned i = 0; i < r->nbuf; i++)
-		rd_submit(r, &r->b[i]);
+	if (r->on_loop) {
+		ev_io_set(&r->io, r->fd, EV_READ);
+		rd_loop_pump(r->st, false);
+		return;
+	}
 	rd_pump(r->st);
 }
 
 int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__ReadRequest *q = req->read;
+	/* the read's state is a few kB (paths, an error): 255 reads on each of many
+	 * connections are what a hoarder holds besides the buffers */
+	if (stream_reserve(st, sizeof(struct rd), err) < 0)
+		return -1;
 	struct rd *r = calloc(1, sizeof(*r));
-	if (r == NULL)
+	if (r == NULL) {
+		budget_give(sizeof(*r));
 		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
 	if (fs_path_get(&q->path, &r->p, err) < 0) {
 		free(r);
+		budget_give(sizeof(*r));
 		return -1;
 	}
 	r->fd = -1;
@@ -373,11 +621,13 @@ int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	r->end = UINT64_MAX;
 	if (q->has_length && q->length < UINT64_MAX - r->next)
 		r->end = r->next + q->length;
+	r->nbuf = 1;
 	for (unsigned i = 0; i < READ_NBUF; i++) {
 		r->b[i].r = r;
 		r->b[i].work.run = rd_buf_run;
 		r->b[i].work.done = rd_buf_done;
 	}
+	ev_init(&r->io, rd_io_cb);
 	r->st = st;
 	r->work.run = rd_open_run;
 	r->work.done = rd_open_done;

@@ -1,4 +1,5 @@
 /* op_fs_list.c: streamed directory listings (delimited DirEntry messages in DATA frames). */
+#include "budget.h"
 #include "conn.h"
 #include "fs.h"
 #include "ops.h"
@@ -42,6 +43,7 @@
  * the FileStat and the framing */
 #define LIST_ENTRY_MAX (2u * PATH_MAX + 512u)
 #define LIST_MAX_LEVELS 256
+#define LIST_OUT (LIST_BATCH + LIST_ENTRY_MAX)
 #define LIST_DENTS_TOP (32u << 10)
 #define LIST_DENTS_SUB (4u << 10)
 
@@ -92,12 +94,17 @@ static void level_close(struct level *l)
 	l->buf = NULL;
 }
 
+/* What a listing holds from its start, counted in the daemon's budget: its state and
+ * its batch buffer (the levels' getdents buffers, a few kB each, are not counted). */
+#define LIST_HELD (sizeof(struct lister) + LIST_OUT)
+
 static void list_free(struct lister *l)
 {
 	while (l->nlv > 0)
 		level_close(&l->lv[--l->nlv]);
-	free(l->out);
+	budget_free(l->out, LIST_OUT);
 	free(l);
+	budget_give(LIST_HELD);
 }
 
 /* The absolute path (as the client sees it) of entry name at the top level, or of
@@ -400,16 +407,20 @@ static const struct stream_ops list_ops = {.writable = list_pump, .cancel = list
 int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__ListRequest *r = req->list;
+	if (stream_reserve(st, LIST_HELD, err) < 0)
+		return -1;
 	struct lister *l = calloc(1, sizeof(*l));
-	if (l == NULL)
+	if (l == NULL) {
+		budget_give(LIST_HELD);
 		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
 	if (fs_path_get(&r->path, &l->path, err) < 0) {
-		free(l);
+		list_free(l);
 		return -1;
 	}
-	l->out = malloc(LIST_BATCH + LIST_ENTRY_MAX);
+	l->out = budget_alloc(LIST_OUT);
 	if (l->out == NULL) {
-		free(l);
+		list_free(l);
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
 	l->base_len = l->path.len;

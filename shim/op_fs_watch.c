@@ -1,4 +1,5 @@
 /* op_fs_watch.c: inotify watches streamed as delimited WatchEvent messages. */
+#include "budget.h"
 #include "conn.h"
 #include "fs.h"
 #include "log.h"
@@ -275,9 +276,16 @@ static int q_reserve(struct watcher *w, size_t n)
 	size_t cap = w->qcap ? w->qcap : 16384;
 	while (cap < w->qlen + n)
 		cap *= 2;
-	uint8_t *q = realloc(w->q, cap);
-	if (q == NULL)
+	/* the queue grows out of the daemon's memory budget: when it has no room, the
+	 * queue is full (the events are dropped for an OVERFLOW, as for a slow client) */
+	struct shim_err e;
+	if (w->st == NULL || stream_reserve(w->st, cap - w->qcap, &e) < 0)
 		return -1;
+	uint8_t *q = realloc(w->q, cap);
+	if (q == NULL) {
+		budget_give(cap - w->qcap);
+		return -1;
+	}
 	w->q = q;
 	w->qcap = cap;
 	return 0;
@@ -396,6 +404,7 @@ static void watch_free(struct watcher *w)
 		free(w->moves[i].path);
 	free(w->syn);
 	free(w->q);
+	budget_give(w->qcap); /* q_reserve()'s stream_reserve() */
 	free(w->scratch);
 	free(w);
 }
@@ -940,6 +949,7 @@ static void watch_pump(struct stream *st)
 	if (w->qcap > (256u << 10)) {
 		/* a burst is over: give the big buffer back */
 		free(w->q);
+		stream_unreserve(st, w->qcap);
 		w->q = NULL;
 		w->qcap = 0;
 	}

@@ -1,5 +1,6 @@
 /* server.c: the daemon's global state, signal handling and graceful shutdown. */
 #include "server.h"
+#include "budget.h"
 #include "conn.h"
 #include "frame.h"
 #include "init.h"
@@ -32,7 +33,9 @@ void server_config_defaults(struct server_config *cfg)
 	cfg->initial_window = FRAME_DEFAULT_WINDOW;
 	cfg->workers = 1;
 	cfg->max_workers = 64;
+	cfg->max_buffer = BUDGET_DEFAULT;
 	cfg->keepalive = 60;
+	cfg->handshake_timeout = 10;
 	cfg->shutdown_timeout = 10;
 	cfg->kill_grace = 5;
 	cfg->socket_gid = (gid_t)-1;
@@ -136,6 +139,7 @@ int server_init(struct server *s, struct ev_loop *loop)
 	ev_init(&s->shutdown_timer, shutdown_timeout_cb);
 	if (reaper_init(loop) < 0)
 		return -1;
+	budget_init(loop, s->cfg.max_buffer, conn_budget_wake, conn_budget_trim);
 	if (worker_init(loop, s->cfg.workers, s->cfg.max_workers) < 0) {
 		log_error("cannot start worker threads: %s", strerror(errno));
 		return -1;

@@ -20,10 +20,12 @@ struct server_config {
 	uint32_t initial_window;
 	unsigned workers;
 	unsigned max_workers;
-	double keepalive;        /* seconds of silence before a PING; 0 = off */
-	double shutdown_timeout; /* seconds to finish in-flight work on SIGTERM */
-	double kill_grace;       /* shutdown: seconds from SIGTERM to SIGKILL for children */
-	char *token;             /* NULL: no token configured */
+	size_t max_buffer;        /* bytes buffered daemon-wide for the peers (budget.h) */
+	double keepalive;         /* seconds of silence before a PING; 0 = off */
+	double handshake_timeout; /* seconds from accept to an accepted HELLO; 0 = none */
+	double shutdown_timeout;  /* seconds to finish in-flight work on SIGTERM */
+	double kill_grace;        /* shutdown: seconds from SIGTERM to SIGKILL for children */
+	char *token;              /* NULL: no token configured */
 	size_t token_len;
 	bool insecure_no_token;
 	mode_t socket_mode;

@@ -4,8 +4,10 @@
 
 #include <errno.h>
 #include <ev.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,6 +15,32 @@
 #ifndef IDLE_EXIT_SECONDS /* the unit test builds the pool with a shorter one */
 #define IDLE_EXIT_SECONDS 30
 #endif
+/* A thread is added when jobs wait and every thread is busy, but on probation: it joins
+ * the pool only if jobs still wait PROBATION_MS later while a busy thread sleeps in the
+ * kernel (a hung mount, a FIFO, a disk: its job used next to no CPU meanwhile) and none
+ * finished, or a queue that has not emptied for a few spells still waits on such a
+ * thread (I/O-bound calls), or after PROBATION_ROUNDS spells whatever the threads do
+ * (slow calls). A burst of quick jobs (a client's 256 reads opened at once) is done by
+ * the threads there are, also when they wait for a CPU on a loaded machine, and the
+ * pool keeps its size: it grows past blocked calls, not past work. One thread is on
+ * probation at a time. */
+#define PROBATION_MS 30
+#define PROBATION_IO_ROUNDS 2
+#define PROBATION_ROUNDS 10
+/* CPU time under which a job that ran through a whole spell was asleep, not at work: a
+ * tenth of the spell. A thread that is runnable gets more even on a loaded machine (at
+ * a load of 7 on 2 CPUs, a quarter of the spell); the spell is long enough for that. */
+#define SLEEP_CPU_NS (PROBATION_MS * 100000L)
+
+/* A pool thread (on its own stack), linked in pool.wthreads while it lives. */
+struct wthread {
+	struct wthread *next;
+	pthread_t self;
+	bool busy;            /* running a job */
+	unsigned long jobs;   /* jobs taken */
+	unsigned long mark;   /* jobs when the spell began (ULONG_MAX: not busy then) */
+	uint64_t mark_cpu_ns; /* its CPU time then */
+};
 
 static struct {
 	pthread_mutex_t mu;
@@ -22,6 +50,10 @@ static struct {
 	unsigned threads, idle, min_threads, max_threads, pending;
 	unsigned queued; /* jobs in the queue, not yet taken by a thread */
 	bool stopping;
+	bool probing;           /* a thread on probation is waiting to see (probe_cv) */
+	unsigned long finished; /* jobs run, ever: the sign of progress */
+	pthread_cond_t probe_cv;
+	struct wthread *wthreads;
 	struct ev_loop *loop;
 	ev_async async;
 } pool = {
@@ -59,10 +91,82 @@ void worker_on_foreign_signal(void (*fn)(int sig))
 	__atomic_store_n(&foreign_fn, fn, __ATOMIC_RELEASE);
 }
 
+static int spawn_thread(bool probation);
+
+/* A thread's CPU time: no fd needed (a /proc file would take one, maybe the last). */
+static uint64_t cpu_ns(pthread_t t)
+{
+	clockid_t id;
+	struct timespec ts;
+	if (pthread_getcpuclockid(t, &id) != 0 || clock_gettime(id, &ts) < 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* With pool.mu held: the start of a spell of probation. */
+static void mark_workers(void)
+{
+	for (struct wthread *t = pool.wthreads; t != NULL; t = t->next) {
+		t->mark = t->busy ? t->jobs : ULONG_MAX;
+		if (t->busy)
+			t->mark_cpu_ns = cpu_ns(t->self);
+	}
+}
+
+/* With pool.mu held, at the end of a spell: whether a thread has been in the same job
+ * all along and asleep in the kernel (next to no CPU), rather than running or waiting
+ * for a CPU: only then is another thread of use. */
+static bool a_worker_sleeps(void)
+{
+	for (struct wthread *t = pool.wthreads; t != NULL; t = t->next)
+		if (t->busy && t->mark == t->jobs && cpu_ns(t->self) - t->mark_cpu_ns < (uint64_t)SLEEP_CPU_NS)
+			return true;
+	return false;
+}
+
+/* With pool.mu held, on a thread started on probation: true to join the pool, false
+ * to leave at once (the jobs were taken, or are being done). */
+static bool probation(void)
+{
+	bool join = false;
+	for (unsigned round = 0; !pool.stopping && !join; round++) {
+		unsigned long seen = pool.finished;
+		mark_workers();
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += PROBATION_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		while (!pool.stopping && pthread_cond_timedwait(&pool.probe_cv, &pool.mu, &ts) != ETIMEDOUT)
+			;
+		/* the idle threads take what is queued, or nothing is */
+		if (pool.queued <= pool.idle)
+			break;
+		bool progress = pool.finished != seen;
+		join = ((!progress || round + 1 >= PROBATION_IO_ROUNDS) && a_worker_sleeps()) ||
+		       round + 1 >= PROBATION_ROUNDS;
+	}
+	pool.probing = false;
+	/* more waiting than this thread is about to take: the next one on probation */
+	if (join && !pool.stopping && pool.queued > pool.idle + 1 && pool.threads < pool.max_threads &&
+	    spawn_thread(true) < 0)
+		log_warn("worker: cannot start a thread: %s", strerror(errno));
+	return join && !pool.stopping;
+}
+
 static void *worker_main(void *arg)
 {
-	(void)arg;
+	struct wthread self = {.self = pthread_self(), .mark = ULONG_MAX};
 	pthread_mutex_lock(&pool.mu);
+	if (arg != NULL && !probation()) {
+		pool.threads--;
+		pthread_mutex_unlock(&pool.mu);
+		return NULL;
+	}
+	self.next = pool.wthreads;
+	pool.wthreads = &self;
 	for (;;) {
 		bool expired = false;
 		while (pool.queue == NULL && !pool.stopping && !expired) {
@@ -89,6 +193,8 @@ static void *worker_main(void *arg)
 		bool skip = __atomic_load_n(&w->cancelled, __ATOMIC_ACQUIRE);
 		w->state = WORK_RUNNING;
 		w->thread = (unsigned long)pthread_self();
+		self.busy = true;
+		self.jobs++;
 		pthread_mutex_unlock(&pool.mu);
 
 		if (!skip) {
@@ -102,6 +208,8 @@ static void *worker_main(void *arg)
 
 		pthread_mutex_lock(&pool.mu);
 		w->state = WORK_FINISHED;
+		pool.finished++;
+		self.busy = false;
 		struct timespec zero = {0, 0};
 		siginfo_t si;
 		void (*fn)(int) = __atomic_load_n(&foreign_fn, __ATOMIC_ACQUIRE);
@@ -113,13 +221,19 @@ static void *worker_main(void *arg)
 		pool.done_tail = &w->next;
 		ev_async_send(pool.loop, &pool.async);
 	}
+	for (struct wthread **pp = &pool.wthreads; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == &self) {
+			*pp = self.next;
+			break;
+		}
+	}
 	pool.threads--;
 	pthread_mutex_unlock(&pool.mu);
 	return NULL;
 }
 
 /* Called with pool.mu held. */
-static int spawn_thread(void)
+static int spawn_thread(bool probation)
 {
 	pthread_t t;
 	pthread_attr_t attr;
@@ -131,7 +245,7 @@ static int spawn_thread(void)
 	/* Workers never take signals: the loop thread handles them all. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int rc = pthread_create(&t, &attr, worker_main, NULL);
+	int rc = pthread_create(&t, &attr, worker_main, probation ? (void *)1 : NULL);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&attr);
 	if (rc != 0) {
@@ -139,6 +253,8 @@ static int spawn_thread(void)
 		return -1;
 	}
 	pool.threads++;
+	if (probation)
+		pool.probing = true;
 	return 0;
 }
 
@@ -174,6 +290,7 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&pool.cv, &ca);
+	pthread_cond_init(&pool.probe_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	pool.loop = loop;
 	pool.queue_tail = &pool.queue;
@@ -186,7 +303,7 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 	ev_unref(loop);
 	pthread_mutex_lock(&pool.mu);
 	for (unsigned i = 0; i < min_threads; i++) {
-		if (spawn_thread() < 0) {
+		if (spawn_thread(false) < 0) {
 			pthread_mutex_unlock(&pool.mu);
 			return -1;
 		}
@@ -205,10 +322,12 @@ void worker_submit(struct work *w)
 	*pool.queue_tail = w;
 	pool.queue_tail = &w->next;
 	pool.queued++;
-	/* Grow while there are more queued jobs than idle threads to take them. A thread
-	 * that was signalled but has not woken up yet still counts as idle, so testing
-	 * idle == 0 alone would queue a burst behind one thread (and behind a stuck job). */
-	if (pool.queued > pool.idle && pool.threads < pool.max_threads && spawn_thread() < 0)
+	/* Grow (on probation) while there are more queued jobs than idle threads to take
+	 * them. A thread that was signalled but has not woken up yet still counts as idle,
+	 * so testing idle == 0 alone would queue a burst behind one thread (and behind a
+	 * stuck job). Without any thread, one at once. */
+	if (pool.queued > pool.idle && pool.threads < pool.max_threads && (pool.threads == 0 || !pool.probing) &&
+	    spawn_thread(pool.threads > 0) < 0)
 		log_warn("worker: cannot start a thread: %s", strerror(errno));
 	pthread_cond_signal(&pool.cv);
 	pthread_mutex_unlock(&pool.mu);
@@ -246,6 +365,7 @@ void worker_shutdown(void)
 	pthread_mutex_lock(&pool.mu);
 	pool.stopping = true;
 	pthread_cond_broadcast(&pool.cv);
+	pthread_cond_broadcast(&pool.probe_cv);
 	pthread_mutex_unlock(&pool.mu);
 	if (pool.loop != NULL) {
 		ev_ref(pool.loop);

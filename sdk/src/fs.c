@@ -180,6 +180,7 @@ SBX_API int sbx_chmod(struct sbx_client *c, const struct sbx_call_opts *opts, co
 {
 	Shim__V1__ChmodRequest m = SHIM__V1__CHMOD_REQUEST__INIT;
 	m.path = pathb(path);
+	m.has_mode = 1;
 	m.mode = mode;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_CHMOD;
@@ -287,6 +288,7 @@ SBX_API int sbx_truncate(struct sbx_client *c, const struct sbx_call_opts *opts,
 {
 	Shim__V1__TruncateRequest m = SHIM__V1__TRUNCATE_REQUEST__INIT;
 	m.path = pathb(path);
+	m.has_size = 1;
 	m.size = size;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_TRUNCATE;

@@ -168,6 +168,7 @@ static int exec_msg_build(struct exec_msg *m, const struct sbx_exec_opts *o, boo
 	for (size_t i = 0; i < o->n_rlimits; i++) {
 		Shim__V1__Rlimit rl = SHIM__V1__RLIMIT__INIT;
 		rl.name = (char *)(uintptr_t)o->rlimits[i].name;
+		rl.has_soft = 1;
 		rl.soft = o->rlimits[i].soft;
 		if (o->rlimits[i].hard != 0) {
 			rl.has_hard = 1;
@@ -793,6 +794,7 @@ SBX_API int sbx_proc_resize(struct sbx_proc *p, unsigned rows, unsigned cols, st
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "bad terminal size %ux%u", rows, cols);
 	Shim__V1__ResizeRequest rr = SHIM__V1__RESIZE_REQUEST__INIT;
 	rr.id = p->id;
+	rr.has_rows = rr.has_cols = 1;
 	rr.rows = rows;
 	rr.cols = cols;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
@@ -924,6 +926,7 @@ SBX_API int sbx_kill(struct sbx_client *c, const struct sbx_call_opts *opts, con
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no process id given");
 	Shim__V1__SignalRequest sr = SHIM__V1__SIGNAL_REQUEST__INIT;
 	sr.id = (char *)(uintptr_t)id;
+	sr.has_signal = 1;
 	sr.signal = sig;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_SIGNAL;

@@ -837,6 +837,7 @@ SBX_API int sbx_reverse_open(struct sbx_client *c, const char *guest_host, unsig
 	netaddr_format(&t->local, t->local_str, sizeof(t->local_str));
 	Shim__V1__TunnelListenRequest lr = SHIM__V1__TUNNEL_LISTEN_REQUEST__INIT;
 	lr.host = (char *)(uintptr_t)guest_host;
+	lr.has_port = 1;
 	lr.port = guest_port;
 	lr.remote = t->local_str;
 	if (t->o.backlog > 0) {

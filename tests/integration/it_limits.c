@@ -1,9 +1,14 @@
-/* it_limits.c: --max-connections: the connection over the limit is refused with EAGAIN, and room comes back. */
+/* it_limits.c: --max-connections: the connection over the limit is refused with EAGAIN, and room comes back;
+ * the fd budget under a small RLIMIT_NOFILE; refusals logged at most once a second. */
 #include "harness.h"
+#include "rawclient.h"
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static unsigned connections(struct sbx_client *c)
 {
@@ -58,10 +63,256 @@ static int case_max_connections(void)
 	return 0;
 }
 
+/* ---- the fd budget (issue 16) ---- */
+
+static double now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* The N of the daemon's "--max-connections 1024 lowered to N" (0: none logged). */
+static unsigned lowered_to(struct it_daemon *d)
+{
+	char *log = it_daemon_log(d);
+	const char *p = strstr(log, "--max-connections 1024 lowered to ");
+	unsigned n = 0;
+	if (p != NULL)
+		sscanf(p + strlen("--max-connections 1024 lowered to "), "%u", &n);
+	free(log);
+	return n;
+}
+
+/* The soft and hard "Max open files" of pid. */
+static void nofile_of(pid_t pid, unsigned long *soft, unsigned long *hard)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL);
+	char line[256];
+	*soft = *hard = 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, "Max open files", 14) == 0)
+			sscanf(line + 14, "%lu %lu", soft, hard);
+	fclose(f);
+}
+
+/* A daemon run under prlimit --nofile=SPEC (soft[:hard]), with more options after its --listen. */
+static struct it_daemon *start_limited(const char *spec, const char *sock, const char *const *extra)
+{
+	static char arg[64];
+	snprintf(arg, sizeof(arg), "--nofile=%s", spec);
+	const char *argv[16] = {"prlimit", arg, SHIM_BIN, "--listen", it_unix_target(sock)};
+	unsigned n = 5;
+	for (; extra != NULL && *extra != NULL && n < 15; extra++)
+		argv[n++] = *extra;
+	argv[n] = NULL;
+	return it_daemon_start_argv("shim", argv);
+}
+
+/* A raw connection beyond the limit: the ERROR it reads first, and how long it took
+ * from connect() (microseconds). */
+static double refused_in(const char *sock, int want_code, const char *want_msg)
+{
+	double t0 = now_us();
+	int fd = raw_connect_unix(sock);
+	struct frame_hdr h;
+	uint8_t *p;
+	CHECKF(raw_recv(fd, &h, &p, 5000) == 1, "EOF instead of a refusal");
+	double us = now_us() - t0;
+	CHECKF(h.type == FRAME_ERROR && h.stream == 0, "got %s on stream %u, want a refusal", frame_type_name(h.type),
+	       h.stream);
+	char msg[256];
+	int code = raw_error_code(p, h.len, msg, sizeof(msg));
+	free(p);
+	CHECKF(code == want_code && strcmp(msg, want_msg) == 0, "refused with %d '%s', want %d '%s'", code, msg,
+	       want_code, want_msg);
+	CHECKF(raw_recv(fd, &h, &p, 5000) == 0, "a frame after the refusal");
+	close(fd);
+	return us;
+}
+
+/* Under RLIMIT_NOFILE `nofile`: the connection limit is lowered to what the fds
+ * allow; that many clients are served (each reading a file), the next ones refused at
+ * once with EAGAIN, logged at most once a second. */
+static void budget_case(unsigned nofile)
+{
+	char spec[16];
+	snprintf(spec, sizeof(spec), "%u", nofile);
+	const char *sock = it_path("s");
+	struct it_daemon *d = start_limited(spec, sock, NULL);
+	unsigned limit = lowered_to(d);
+	CHECKF(limit > 0, "no 'lowered to' line in the log under --nofile=%u", nofile);
+	CHECK(limit * 8 < nofile);
+	const char *file = it_path("f");
+	it_write_file(file, "some bytes");
+
+	struct sbx_client *cl[256];
+	CHECK(limit <= 256);
+	for (unsigned i = 0; i < limit; i++)
+		cl[i] = it_connect(it_unix_target(sock), NULL);
+	char want[64];
+	snprintf(want, sizeof(want), "too many connections (limit %u)", limit);
+	double worst = 0, total = 0;
+	const int tries = 50;
+	for (int i = 0; i < tries; i++) {
+		double us = refused_in(sock, EAGAIN, want);
+		total += us;
+		if (us > worst)
+			worst = us;
+	}
+	/* the refused did not disturb the admitted: each reads a file (an fd of its own) */
+	struct sbx_error err;
+	for (unsigned i = 0; i < limit; i++) {
+		void *data;
+		size_t len;
+		CHECK_SBX(sbx_read_file_alloc(cl[i], NULL, file, 1 << 20, &data, &len, &err), &err);
+		CHECK(len == 10 && memcmp(data, "some bytes", 10) == 0);
+		free(data);
+	}
+	/* 50 refusals in well under a second: one line, then one with the count */
+	it_daemon_wait_log(d, "more connections refused in the last second", 3000);
+	char *log = it_daemon_log(d);
+	unsigned lines = 0;
+	for (const char *p = log; (p = strstr(p, "refusing a connection on")) != NULL; p++)
+		lines++;
+	free(log);
+	CHECKF(lines <= 3, "%u refusal lines for %d refusals", lines, tries);
+	printf("--nofile=%u: --max-connections lowered to %u; %d clients beyond it got EAGAIN '%s' in %.0f us on "
+	       "average, %.0f us at most; %u log lines for them\n",
+	       nofile, limit, tries, want, total / tries, worst, lines);
+	for (unsigned i = 0; i < limit; i++)
+		sbx_client_close(cl[i]);
+	/* room comes back */
+	uint64_t deadline = it_now_ms() + 5000;
+	for (;;) {
+		struct sbx_client *c = NULL;
+		struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
+		if (sbx_connect(it_unix_target(sock), &o, &c, &err) == 0) {
+			sbx_client_close(c);
+			break;
+		}
+		CHECKF(it_now_ms() < deadline, "no connection admitted after the others closed: %s", it_errstr(&err));
+		it_sleep_ms(10);
+	}
+}
+
+static int case_nofile_64(void)
+{
+	budget_case(64);
+	return 0;
+}
+
+static int case_nofile_128(void)
+{
+	budget_case(128);
+	return 0;
+}
+
+/* The soft limit is raised to the hard one at start, and the budget follows it. */
+static int case_nofile_raise(void)
+{
+	const char *sock = it_path("s");
+	struct it_daemon *d = start_limited("64:256", sock, NULL);
+	unsigned long soft, hard;
+	nofile_of(d->pid, &soft, &hard);
+	CHECK_EQ(soft, 256);
+	CHECK_EQ(hard, 256);
+	unsigned limit = lowered_to(d);
+	CHECKF(limit > 8 && limit < 32, "limit %u for 256 fds", limit);
+	/* and an explicit --max-connections over the budget is a warning */
+	const char *s2 = it_path("s2");
+	static const char *const extra[] = {"--max-connections", "1000", NULL};
+	struct it_daemon *d2 = start_limited("64", s2, extra);
+	it_daemon_wait_log(d2, "warn: --max-connections 1000 lowered to", 2000);
+	return 0;
+}
+
+/* The fds run out below the connection limit (detached processes hold them): a new
+ * client is still refused clearly, with the spare fd, and admitted again once fds are
+ * free. */
+static int case_emfile(void)
+{
+	const char *sock = it_path("s");
+	struct it_daemon *d = start_limited("128", sock, NULL);
+	unsigned limit = lowered_to(d);
+	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	struct sbx_error err;
+	char ids[128][64];
+	unsigned n = 0;
+	for (; n < 128; n++) {
+		struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+		static const char *const argv[] = {"sleep", "100", NULL};
+		eo.argv = argv;
+		eo.ring_bytes = 4096;
+		struct sbx_process_info pi;
+		if (sbx_spawn(c, NULL, &eo, &pi, &err) < 0) {
+			CHECKF(err.code == EMFILE, "spawn failed with %s, want EMFILE", it_errstr(&err));
+			break;
+		}
+		snprintf(ids[n], sizeof(ids[n]), "%s", pi.id);
+	}
+	CHECK(n > 0 && n < 128);
+	/* what fds are left go to connections; then the refusal comes from the spare */
+	int fds[64];
+	unsigned nfd = 0;
+	double us = 0;
+	for (;;) {
+		CHECKF(nfd + 1 < limit, "admitted %u connections with the fds taken", nfd);
+		double t0 = now_us();
+		int fd = raw_connect_unix(sock);
+		struct frame_hdr h;
+		uint8_t *p;
+		/* an admitted connection is silent until its HELLO: send one */
+		raw_send(fd, 0, FRAME_HELLO, 0, (const uint8_t[]){0x08, 0x01}, 2);
+		CHECKF(raw_recv(fd, &h, &p, 5000) == 1, "EOF instead of HELLO_OK or a refusal");
+		if (h.type == FRAME_HELLO_OK) {
+			free(p);
+			fds[nfd++] = fd;
+			continue;
+		}
+		us = now_us() - t0;
+		char msg[256];
+		int code = raw_error_code(p, h.len, msg, sizeof(msg));
+		free(p);
+		CHECKF(code == EAGAIN && strcmp(msg, "too many connections: the shim is out of file descriptors") == 0,
+		       "refused with %d '%s'", code, msg);
+		close(fd);
+		break;
+	}
+	it_daemon_wait_log(d, "refusing a connection on", 2000);
+	char *log = it_daemon_log(d);
+	CHECKF(strstr(log, "pausing for 100 ms") == NULL, "accepting paused: the spare fd was not there");
+	free(log);
+	printf("--nofile=128: %u detached processes and %u more connections took the fds; the next client got EAGAIN "
+	       "'out of file descriptors' in %.0f us (connection limit %u)\n",
+	       n, nfd, us, limit);
+	/* the admitted are still served */
+	CHECK_SBX(sbx_ping(c, NULL, NULL, &err), &err);
+	for (unsigned i = 0; i < n; i++)
+		CHECK_SBX(sbx_rmproc(c, NULL, ids[i], 1, &err), &err);
+	for (unsigned i = 0; i < nfd; i++)
+		close(fds[i]);
+	/* fds free again: admitted, and the spare is back (a second exhaustion would be
+	 * refused as clearly: it is the same path) */
+	struct sbx_client *c2 = it_connect(it_unix_target(sock), NULL);
+	CHECK_SBX(sbx_ping(c2, NULL, NULL, &err), &err);
+	sbx_client_close(c2);
+	sbx_client_close(c);
+	it_daemon_stop(d);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
 		{"max_connections", case_max_connections},
+		{"nofile_64", case_nofile_64},
+		{"nofile_128", case_nofile_128},
+		{"nofile_raise", case_nofile_raise},
+		{"emfile", case_emfile},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -514,9 +514,120 @@ START_TEST(test_frames_before_hello)
 	conn_error_case(false, buf, n, EPROTO, "expected HELLO, got DATA");
 	n = put_frame(buf, 0, FRAME_HELLO_OK, 0, NULL, 0);
 	conn_error_case(false, buf, n, EPROTO, "expected HELLO, got HELLO_OK");
+	/* the header checks come first (PROTOCOL.md 2): an unknown type is that */
 	n = put_frame(buf, 0, 12, 0, NULL, 0);
-	conn_error_case(false, buf, n, EPROTO, "expected HELLO");
+	conn_error_case(false, buf, n, EPROTO, "unknown frame type 12");
 	ck_assert_int_eq(EPROTO, 71);
+}
+END_TEST
+
+/* Let the daemon run for ms milliseconds. */
+static void run_for(int ms)
+{
+	uint64_t end = now_ms() + (uint64_t)ms;
+	while (now_ms() < end) {
+		pump();
+		pause_ms(1);
+	}
+}
+
+/* Nothing has come from the daemon (fd is non-blocking). */
+static void expect_silence(int fd)
+{
+	uint8_t b;
+	ssize_t r = read(fd, &b, 1);
+	ck_assert_msg(r < 0 && errno == EAGAIN, "the daemon sent something (read %zd)", r);
+}
+
+/* The handshake has its own deadline, with the keepalive off too: a client that never
+ * sends its HELLO, or only part of it, is refused with ETIMEDOUT and closed. */
+START_TEST(test_handshake_timeout)
+{
+	S.cfg.handshake_timeout = 0.2;
+	S.cfg.keepalive = 0;
+	start();
+	uint64_t t0 = now_ms();
+	int fd = client(false, NULL);
+	expect_error(fd, 0, ETIMEDOUT, "no HELLO within 0.2 s");
+	ck_assert_uint_ge(now_ms() - t0, 190);
+	expect_closed(fd);
+	wait_conns(0);
+
+	/* a byte at a time does not move the deadline */
+	uint8_t hb[64], fb[80];
+	size_t n = put_frame(fb, 0, FRAME_HELLO, 0, hb, (uint32_t)pack_hello(hb, 1, NULL, 0, 0, 0));
+	t0 = now_ms();
+	fd = client(false, NULL);
+	for (size_t i = 0; i + 1 < n && now_ms() - t0 < 150; i++) {
+		ck_assert_int_eq(send_raw(fd, fb + i, 1), 0);
+		run_for(20);
+	}
+	expect_error(fd, 0, ETIMEDOUT, "no HELLO within 0.2 s");
+	expect_closed(fd);
+	wait_conns(0);
+
+	/* a HELLO in time ends the deadline */
+	fd = client(false, NULL);
+	handshake(fd);
+	run_for(400);
+	ping_pong(fd, "still here", 10);
+	ck_assert_uint_eq(S.n_conns, 1);
+	close(fd);
+	wait_conns(0);
+}
+END_TEST
+
+/* No PING before HELLO_OK (PROTOCOL.md 11): the keepalive starts with the handshake's end. */
+START_TEST(test_no_ping_before_hello_ok)
+{
+	S.cfg.keepalive = 0.1;
+	S.cfg.handshake_timeout = 5;
+	start();
+	int fd = client(false, NULL);
+	run_for(350);
+	expect_silence(fd);
+	handshake(fd); /* HELLO_OK is the first frame */
+	expect_frame(fd, 0, FRAME_PING);
+	ck_assert_uint_eq(rh.len, 9);
+	ck_assert_mem_eq(rp, "keepalive", 9);
+	close(fd);
+	wait_conns(0);
+}
+END_TEST
+
+/* Input first, verdict second: the daemon stopped (no loop iterations, as under
+ * SIGSTOP) across its keepalive period, after it sent a PING that the client answered
+ * at once. When it runs again, the expired timer and the PONG in the socket come due
+ * together: the PONG counts and the client stays. */
+START_TEST(test_keepalive_after_pause)
+{
+	S.cfg.keepalive = 0.2;
+	start();
+	int fd = client(false, NULL);
+	handshake(fd);
+	expect_frame(fd, 0, FRAME_PING);
+	uint8_t payload[FRAME_PING_MAX];
+	uint32_t len = rh.len;
+	memcpy(payload, rp, len);
+	/* "stopped": no pump() from here */
+	ck_assert_int_eq(write(fd, (uint8_t[]){0, 0, 0, (uint8_t)len, 0, 0, 0, 0, FRAME_PONG, 0, 0, 0}, 12), 12);
+	ck_assert_int_eq(write(fd, payload, len), (ssize_t)len);
+	pause_ms(600); /* three keepalive periods */
+	pump();
+	ck_assert_uint_eq(S.n_conns, 1);
+	ping_pong(fd, "served", 6);
+	/* and a client that does not answer is still closed: PING, then silence */
+	expect_frame(fd, 0, FRAME_PING);
+	uint8_t b[FRAME_HDR_LEN];
+	uint64_t deadline = now_ms() + WAIT_MS;
+	while (S.n_conns == 1 && now_ms() < deadline) {
+		pump();
+		pause_ms(1);
+		while (read(fd, b, sizeof(b)) > 0) /* PINGs unanswered */
+			;
+	}
+	ck_assert_uint_eq(S.n_conns, 0);
+	close(fd);
 }
 END_TEST
 
@@ -926,18 +1037,139 @@ START_TEST(test_unknown_request_kind)
 }
 END_TEST
 
+/* A REQUEST whose payload does not decode fails its own stream with EBADMSG saying
+ * what is wrong; the connection and its other streams go on (issue 16). */
+static void bad_request(int fd, uint32_t id, const void *payload, uint32_t len, int errnum, const char *msg)
+{
+	send_frame(fd, id, FRAME_REQUEST, 0, payload, len);
+	expect_error(fd, id, errnum, NULL);
+	Shim__V1__Error *e = shim__v1__error__unpack(NULL, rh.len, rp);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_str_eq(e->message, msg);
+	shim__v1__error__free_unpacked(e, NULL);
+}
+
 START_TEST(test_request_undecodable)
 {
 	start();
-	/* field 1 (info) announced as 5 bytes long with 1 present; then plain junk */
+	int fd = client(false, NULL);
+	handshake(fd);
+	/* an echo stream in flight meanwhile */
+	request(fd, 1, SHIM__V1__REQUEST__KIND_ECHO);
+	send_frame(fd, 1, FRAME_DATA, 0, "abc", 3);
+	expect_data(fd, 1, 0, "abc", 3);
+	expect_window(fd, 1, 3);
+
+	/* field 1 (info) announced as 5 bytes long with 1 present */
 	static const uint8_t cut[] = {0x0a, 0x05, 0x01};
+	bad_request(fd, 3, cut, sizeof(cut), EBADMSG,
+		    "cannot decode Request: Request.info (field 1) at offset 0: its length 5 runs past the end of the "
+		    "message (1 bytes left)");
 	static const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0xff};
-	uint8_t buf[64];
-	size_t n = put_frame(buf, 1, FRAME_REQUEST, 0, cut, sizeof(cut));
-	conn_error_case(true, buf, n, EBADMSG, "cannot decode Request");
-	n = put_frame(buf, 1, FRAME_REQUEST, 0, junk, sizeof(junk));
-	conn_error_case(true, buf, n, EBADMSG, "cannot decode Request");
+	bad_request(fd, 5, junk, sizeof(junk), EBADMSG,
+		    "cannot decode Request: Request: a field's tag at offset 0 is cut short by the end of the message");
+	/* stat (field 10) without its path: a proto3-style encoder's empty string */
+	static const uint8_t nopath[] = {0x52, 0x00};
+	bad_request(fd, 7, nopath, sizeof(nopath), EBADMSG,
+		    "cannot decode Request: missing required field StatRequest.path (in stat)");
+	/* exec (40) with an rlimit that has no name: found below two levels */
+	static const uint8_t rl[] = {0xc2, 0x02, 0x05, 0xaa, 0x01, 0x02, 0x10, 0x01};
+	bad_request(fd, 9, rl, sizeof(rl), EBADMSG,
+		    "cannot decode Request: missing required field Rlimit.name (in exec.rlimits[0])");
+	/* stat as a varint instead of a message */
+	static const uint8_t wt[] = {0x50, 0x01};
+	bad_request(fd, 11, wt, sizeof(wt), EBADMSG,
+		    "cannot decode Request: Request.stat (field 10) at offset 0: a varint, want length-delimited");
+	/* a group (wire type 3), which protobuf-c does not skip */
+	static const uint8_t grp[] = {0x12, 0x00, 0x1b, 0x1c};
+	bad_request(
+		fd, 13, grp, sizeof(grp), EBADMSG,
+		"cannot decode Request: Request: field 3 at offset 2: wire type 3 (a group start) is not supported");
+	/* restore (61) with mode 7: decodes, but no such RestoreMode */
+	static const uint8_t mode[] = {0xea, 0x03, 0x05, 0x0a, 0x01, '/', 0x10, 0x07};
+	bad_request(fd, 15, mode, sizeof(mode), EINVAL, "RestoreRequest.mode: unknown value 7 (in restore)");
+	/* truncate (23) with no size: optional, absent means 0 (a proto3-style encoder
+	 * leaves a zero out), so it decodes and goes to the operation */
+	ck_assert_uint_eq(S.n_streams, 1);
+
+	/* the echo stream was not disturbed */
+	send_frame(fd, 1, FRAME_DATA, FRAME_FLAG_FIN, "de", 2);
+	expect_data(fd, 1, 0, "de", 2);
+	expect_data(fd, 1, FRAME_FLAG_FIN, NULL, 0);
+	expect_echo_end(fd, 1, 5);
+	ping_pong(fd, "ok", 2);
+	close(fd);
+	wait_conns(0);
 	ck_assert_uint_eq(S.n_streams, 0);
+}
+END_TEST
+
+/* Flags a client may set: FIN on DATA only (PROTOCOL.md 4): the rest are refused. */
+START_TEST(test_reserved_flags)
+{
+	start();
+	uint8_t buf[64], w[4];
+	frame_put_u32(w, 100);
+	size_t n;
+	uint8_t req[64];
+	uint32_t rn = (uint32_t)pack_request(req, SHIM__V1__REQUEST__KIND_ECHO);
+	static const struct {
+		uint8_t type, flags;
+		const char *msg;
+	} cases[] = {
+		{FRAME_DATA, FRAME_FLAG_STDERR, "reserved flags 0x02 on a DATA frame"},
+		{FRAME_DATA, 0x80 | FRAME_FLAG_FIN, "reserved flags 0x80 on a DATA frame"},
+		{FRAME_WINDOW, FRAME_FLAG_FIN, "reserved flags 0x01 on a WINDOW frame"},
+		{FRAME_CANCEL, 0x10, "reserved flags 0x10 on a CANCEL frame"},
+		{FRAME_PING, FRAME_FLAG_FIN, "reserved flags 0x01 on a PING frame"},
+		{FRAME_PONG, 0x40, "reserved flags 0x40 on a PONG frame"},
+		{FRAME_REQUEST, FRAME_FLAG_FIN, "reserved flags 0x01 on a REQUEST frame"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int fd = client(false, NULL);
+		handshake(fd);
+		if (cases[i].type != FRAME_REQUEST)
+			request(fd, 1, SHIM__V1__REQUEST__KIND_ECHO);
+		uint32_t stream = cases[i].type == FRAME_PING || cases[i].type == FRAME_PONG ? 0 : 1;
+		const void *p = cases[i].type == FRAME_WINDOW  ? (const void *)w :
+				cases[i].type == FRAME_REQUEST ? (const void *)req :
+								 (const void *)"x";
+		uint32_t len = cases[i].type == FRAME_WINDOW ? 4 : cases[i].type == FRAME_REQUEST ? rn : 1;
+		if (cases[i].type == FRAME_CANCEL)
+			len = 0;
+		n = put_frame(buf, stream, cases[i].type, cases[i].flags, p, len);
+		ck_assert_int_eq(send_raw(fd, buf, n), 0);
+		expect_error(fd, 0, EPROTO, cases[i].msg);
+		expect_closed(fd);
+		wait_conns(0);
+	}
+	/* and on HELLO */
+	uint8_t hp[64];
+	size_t hn = pack_hello(hp, 1, NULL, 0, 0, 0);
+	n = put_frame(buf, 0, FRAME_HELLO, FRAME_FLAG_FIN, hp, (uint32_t)hn);
+	conn_error_case(false, buf, n, EPROTO, "reserved flags 0x01 on a HELLO frame");
+	assert_serving();
+}
+END_TEST
+
+/* PING and PONG belong to stream 0 (PROTOCOL.md 3); CANCEL is empty. */
+START_TEST(test_stream0_frames)
+{
+	start();
+	uint8_t buf[64];
+	size_t n = put_frame(buf, 3, FRAME_PONG, 0, "x", 1);
+	conn_error_case(true, buf, n, EPROTO, "PONG on stream 3 (must be 0)");
+	uint8_t big[FRAME_PING_MAX + 1] = {0};
+	uint8_t bbuf[FRAME_HDR_LEN + sizeof(big)];
+	n = put_frame(bbuf, 0, FRAME_PONG, 0, big, sizeof(big));
+	conn_error_case(true, bbuf, n, EPROTO, "PONG payload of 65 bytes (limit 64)");
+	int fd = client(false, NULL);
+	handshake(fd);
+	request(fd, 1, SHIM__V1__REQUEST__KIND_ECHO);
+	send_frame(fd, 1, FRAME_CANCEL, 0, "x", 1);
+	expect_error(fd, 0, EPROTO, "CANCEL payload of 1 bytes (must be empty)");
+	expect_closed(fd);
+	wait_conns(0);
 }
 END_TEST
 
@@ -1480,6 +1712,9 @@ static Suite *dispatch_suite(void)
 	tcase_add_test(tc, test_hello_on_stream_not_zero);
 	tcase_add_test(tc, test_frames_before_hello);
 	tcase_add_test(tc, test_hello_twice);
+	tcase_add_test(tc, test_handshake_timeout);
+	tcase_add_test(tc, test_no_ping_before_hello_ok);
+	tcase_add_test(tc, test_keepalive_after_pause);
 	tcase_add_test(tc, test_token_missing);
 	tcase_add_test(tc, test_token_wrong);
 	tcase_add_test(tc, test_token_right);
@@ -1503,6 +1738,8 @@ static Suite *dispatch_suite(void)
 	add_fixture(tc);
 	tcase_add_test(tc, test_unknown_request_kind);
 	tcase_add_test(tc, test_request_undecodable);
+	tcase_add_test(tc, test_reserved_flags);
+	tcase_add_test(tc, test_stream0_frames);
 	tcase_add_test(tc, test_stream_id_reused);
 	tcase_add_test(tc, test_stream_id_even);
 	tcase_add_test(tc, test_frames_for_unknown_stream);

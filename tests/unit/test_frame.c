@@ -1,4 +1,5 @@
-/* test_frame.c: unit tests for the protocol library: header coding, frame_check, type names, errno table, describe. */
+/* test_frame.c: unit tests for the protocol library: header coding, frame_check, type names, errno table, describe,
+ * and pbcheck's words for what protobuf-c refuses. */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include "describe.h"
 #include "errnames.h"
 #include "frame.h"
+#include "pbcheck.h"
 #include "shim.pb-c.h"
 
 /* ---- header encode/decode ---- */
@@ -428,6 +430,109 @@ START_TEST(test_describe_small_buffer)
 }
 END_TEST
 
+/* ---- pbcheck ---- */
+
+/* Every payload protobuf-c refuses gets a reason, and that reason is the one named;
+ * every payload it takes gets none. */
+static void explain(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t n, const char *want)
+{
+	ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, n, b);
+	char out[300];
+	int r = pb_explain(d, b, n, out, sizeof(out));
+	if (want == NULL) {
+		ck_assert_msg(m != NULL, "protobuf-c refused a payload expected to decode");
+		ck_assert_msg(r < 0, "a fault found in a good payload: %s", out);
+		protobuf_c_message_free_unpacked(m, NULL);
+		return;
+	}
+	ck_assert_msg(m == NULL, "protobuf-c took a payload expected to fail (%s)", want);
+	ck_assert_int_eq(r, 0);
+	ck_assert_str_eq(out, want);
+}
+
+#define B(...) (const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__})
+
+START_TEST(test_pbcheck_explain)
+{
+	const ProtobufCMessageDescriptor *rq = &shim__v1__request__descriptor;
+	explain(rq, NULL, 0, NULL);
+	explain(rq, B(0x52, 0x03, 0x0a, 0x01, '/'), NULL);
+	/* truncate (23) without its size: optional now, absent means 0 */
+	explain(rq, B(0xba, 0x01, 0x03, 0x0a, 0x01, '/'), NULL);
+	explain(rq, B(0x52, 0x00), "missing required field StatRequest.path (in stat)");
+	explain(rq, B(0x00, 0x01), "Request: field number 0 at offset 0 (valid: 1 to 536870911)");
+	explain(rq, B(0x80), "Request: a field's tag at offset 0 is cut short by the end of the message");
+	explain(rq, B(0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01),
+		"Request: a field's tag at offset 0 is longer than 10 bytes");
+	/* read (11) { path "/", offset: a varint cut short } */
+	explain(rq, B(0x5a, 0x04, 0x0a, 0x01, '/', 0x10),
+		"ReadRequest.offset (field 2) at offset 5: the varint is cut short by the end of the message (in read)");
+	explain(rq, B(0x5a, 0x05, 0x0a, 0x01, '/', 0x10, 0x80),
+		"ReadRequest.offset (field 2) at offset 5: the varint is cut short by the end of the message (in read)");
+	/* an 11-byte varint */
+	explain(rq,
+		B(0x5a, 0x0f, 0x0a, 0x01, '/', 0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01),
+		"ReadRequest.offset (field 2) at offset 5: a varint longer than 10 bytes (in read)");
+	/* the offset as fixed64, then as fixed32 cut short */
+	explain(rq, B(0x5a, 0x0c, 0x0a, 0x01, '/', 0x11, 1, 2, 3, 4, 5, 6, 7, 8),
+		"ReadRequest.offset (field 2) at offset 5: 8 bytes (fixed64), want a varint (in read)");
+	explain(rq, B(0x5a, 0x05, 0x0a, 0x01, '/', 0x15, 1),
+		"ReadRequest.offset (field 2) at offset 5: 4 bytes needed, 1 left (in read)");
+	/* the path as a varint */
+	explain(rq, B(0x5a, 0x02, 0x08, 0x01),
+		"ReadRequest.path (field 1) at offset 2: a varint, want length-delimited (in read)");
+	/* an unknown field is skipped, whatever its wire type but groups */
+	explain(rq, B(0x5a, 0x03, 0x0a, 0x01, '/', 0xf8, 0x07, 0x05, 0xfd, 0x07, 1, 2, 3, 4), NULL);
+	explain(rq, B(0xfb, 0x07), "Request: field 127 at offset 0: wire type 3 (a group start) is not supported");
+	explain(rq, B(0xff, 0x07),
+		"Request: field 127 at offset 0: wire type 7 (an undefined wire type) is not supported");
+	/* InfoReply.load1 (double, field 16) cut short: 8 bytes needed */
+	explain(&shim__v1__info_reply__descriptor, B(0x81, 0x01, 1, 2, 3),
+		"InfoReply.load1 (field 16) at offset 0: 8 bytes needed, 3 left");
+	/* a length past the end, inside a nested message */
+	explain(rq, B(0xc2, 0x02, 0x03, 0xaa, 0x01, 0x09),
+		"ExecRequest.rlimits (field 21) at offset 3: its length 9 runs past the end of the message (0 bytes left) "
+		"(in exec)");
+	/* the second rlimit lacks its name */
+	explain(rq, B(0xc2, 0x02, 0x0c, 0xaa, 0x01, 0x04, 0x0a, 0x02, 'a', 's', 0xaa, 0x01, 0x02, 0x10, 0x01),
+		"missing required field Rlimit.name (in exec.rlimits[1])");
+	/* Hello without its version */
+	explain(&shim__v1__hello__descriptor, B(0x12, 0x01, 'x'), "missing required field Hello.protocol_version");
+}
+END_TEST
+
+START_TEST(test_pbcheck_enums)
+{
+	char out[200];
+	/* restore (61) {dir "/", mode 1}, then mode 7 */
+	static const uint8_t ok[] = {0xea, 0x03, 0x05, 0x0a, 0x01, '/', 0x10, 0x01};
+	static const uint8_t bad[] = {0xea, 0x03, 0x05, 0x0a, 0x01, '/', 0x10, 0x07};
+	Shim__V1__Request *r = shim__v1__request__unpack(NULL, sizeof(ok), ok);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(pb_check_enums(&r->base, out, sizeof(out)), 0);
+	shim__v1__request__free_unpacked(r, NULL);
+	r = shim__v1__request__unpack(NULL, sizeof(bad), bad);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(pb_check_enums(&r->base, out, sizeof(out)), -1);
+	ck_assert_str_eq(out, "RestoreRequest.mode: unknown value 7 (in restore)");
+	shim__v1__request__free_unpacked(r, NULL);
+	/* a negative value (a 10-byte varint): backup (60) {dir "/", compression -1} */
+	static const uint8_t neg[] = {0xe2, 0x03, 0x0e, 0x0a, 0x01, '/',  0x18, 0xff, 0xff,
+				      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+	r = shim__v1__request__unpack(NULL, sizeof(neg), neg);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(pb_check_enums(&r->base, out, sizeof(out)), -1);
+	ck_assert_str_eq(out, "BackupRequest.compression: unknown value -1 (in backup)");
+	shim__v1__request__free_unpacked(r, NULL);
+	/* a restore without mode: nothing to check */
+	static const uint8_t none[] = {0xea, 0x03, 0x03, 0x0a, 0x01, '/'};
+	r = shim__v1__request__unpack(NULL, sizeof(none), none);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(pb_check_enums(&r->base, out, sizeof(out)), 0);
+	shim__v1__request__free_unpacked(r, NULL);
+}
+END_TEST
+
 static Suite *frame_suite(void)
 {
 	Suite *s = suite_create("frame");
@@ -452,6 +557,11 @@ static Suite *frame_suite(void)
 	tcase_add_test(tc, test_errnames_aliases);
 	tcase_add_test(tc, test_errnames_unknown);
 	tcase_add_test(tc, test_errnames_consistent);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("pbcheck");
+	tcase_add_test(tc, test_pbcheck_explain);
+	tcase_add_test(tc, test_pbcheck_enums);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("describe");

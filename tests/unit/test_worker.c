@@ -229,6 +229,38 @@ START_TEST(test_blocked_job_burst)
 }
 END_TEST
 
+/* A job that works (CPU) rather than waits. */
+static void busy_run(struct work *w)
+{
+	struct job *j = container_of(w, struct job, work);
+	j->run_thread = pthread_self();
+	j->runs++;
+	volatile unsigned x = 0;
+	for (unsigned i = 0; i < 20000; i++)
+		x += i;
+}
+
+START_TEST(test_burst_no_growth)
+{
+	/* a burst of quick jobs (a client's 256 reads opened at once) is done by the
+	 * thread there is: the pool grows past blocked jobs, not past work */
+	enum { N = 500 };
+	static struct job jobs[N];
+	ck_assert_int_eq(worker_init(L, 1, 8), 0);
+	poll(NULL, 0, 20);
+	for (int i = 0; i < N; i++) {
+		job_init(&jobs[i], false);
+		jobs[i].work.run = busy_run;
+		worker_submit(&jobs[i].work);
+	}
+	pump_until_dones(N, WAIT_MS);
+	ck_assert_int_eq(dones, N);
+	/* a thread on probation leaves within a spell (30 ms) of the queue emptying */
+	poll(NULL, 0, 100);
+	ck_assert_uint_eq(worker_threads(), 1);
+}
+END_TEST
+
 START_TEST(test_max_threads_bound)
 {
 	/* at max_threads, with every thread stuck, a new job waits (no unbounded growth) */
@@ -319,6 +351,7 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_blocked_job_then_quick_ones);
 	tcase_add_test(tc, test_blocked_job_burst);
 	tcase_add_test(tc, test_max_threads_bound);
+	tcase_add_test(tc, test_burst_no_growth);
 	suite_add_tcase(s, tc);
 	TCase *idle = tcase_create("idle");
 	tcase_add_checked_fixture(idle, setup, teardown);

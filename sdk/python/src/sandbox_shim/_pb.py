@@ -4484,14 +4484,14 @@ class ChmodRequest(_Message):
     __slots__ = ("path", "mode")
     _FIELDS = (
         (1, "path", "required", "scalar", "bytes", None),
-        (2, "mode", "required", "scalar", "uint32", None),
+        (2, "mode", "optional", "scalar", "uint32", None),
     )
 
     def __init__(
         self,
         *,
         path: bytes | None = None,
-        mode: int | None = None,
+        mode: int | None = None,  # absent: 0 (no permission bits)
     ) -> None:
         self.path = path
         self.mode = mode
@@ -4505,15 +4505,14 @@ class ChmodRequest(_Message):
         out += b"\x0a"
         _put_bytes(out, v, "ChmodRequest.path")
         v = self.mode
-        if v is None:
-            raise EncodeError("ChmodRequest.mode: required field not set")
-        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
-            v = _check_int(v, "ChmodRequest.mode", "uint32")
-        out += b"\x10"
-        if v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v)
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "ChmodRequest.mode", "uint32")
+            out += b"\x10"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         return bytes(out)
 
     @classmethod
@@ -4549,8 +4548,6 @@ class ChmodRequest(_Message):
             raise DecodeError("ChmodRequest: the last field runs past the end of the message")
         if self.path is None:
             raise DecodeError("ChmodRequest.path: required field missing")
-        if self.mode is None:
-            raise DecodeError("ChmodRequest.mode: required field missing")
         return self
 
 
@@ -4858,14 +4855,14 @@ class TruncateRequest(_Message):
     __slots__ = ("path", "size")
     _FIELDS = (
         (1, "path", "required", "scalar", "bytes", None),
-        (2, "size", "required", "scalar", "uint64", None),
+        (2, "size", "optional", "scalar", "uint64", None),
     )
 
     def __init__(
         self,
         *,
         path: bytes | None = None,
-        size: int | None = None,
+        size: int | None = None,  # absent: 0
     ) -> None:
         self.path = path
         self.size = size
@@ -4879,15 +4876,14 @@ class TruncateRequest(_Message):
         out += b"\x0a"
         _put_bytes(out, v, "TruncateRequest.path")
         v = self.size
-        if v is None:
-            raise EncodeError("TruncateRequest.size: required field not set")
-        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
-            v = _check_int(v, "TruncateRequest.size", "uint64")
-        out += b"\x10"
-        if v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v)
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+                v = _check_int(v, "TruncateRequest.size", "uint64")
+            out += b"\x10"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         return bytes(out)
 
     @classmethod
@@ -4923,8 +4919,6 @@ class TruncateRequest(_Message):
             raise DecodeError("TruncateRequest: the last field runs past the end of the message")
         if self.path is None:
             raise DecodeError("TruncateRequest.path: required field missing")
-        if self.size is None:
-            raise DecodeError("TruncateRequest.size: required field missing")
         return self
 
 
@@ -5667,7 +5661,7 @@ class Rlimit(_Message):
     __slots__ = ("name", "soft", "hard")
     _FIELDS = (
         (1, "name", "required", "scalar", "string", None),
-        (2, "soft", "required", "scalar", "uint64", None),
+        (2, "soft", "optional", "scalar", "uint64", None),
         (3, "hard", "optional", "scalar", "uint64", None),
     )
 
@@ -5675,7 +5669,7 @@ class Rlimit(_Message):
         self,
         *,
         name: str | None = None,  # nofile, nproc, as, cpu, fsize, core, stack, memlock
-        soft: int | None = None,  # UINT64_MAX: unlimited
+        soft: int | None = None,  # UINT64_MAX: unlimited; absent: 0
         hard: int | None = None,  # absent: same as soft
     ) -> None:
         self.name = name
@@ -5691,15 +5685,14 @@ class Rlimit(_Message):
         out += b"\x0a"
         _put_str(out, v, "Rlimit.name")
         v = self.soft
-        if v is None:
-            raise EncodeError("Rlimit.soft: required field not set")
-        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
-            v = _check_int(v, "Rlimit.soft", "uint64")
-        out += b"\x10"
-        if v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v)
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+                v = _check_int(v, "Rlimit.soft", "uint64")
+            out += b"\x10"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         v = self.hard
         if v is not None:
             if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
@@ -5753,8 +5746,6 @@ class Rlimit(_Message):
             raise DecodeError("Rlimit: the last field runs past the end of the message")
         if self.name is None:
             raise DecodeError("Rlimit.name: required field missing")
-        if self.soft is None:
-            raise DecodeError("Rlimit.soft: required field missing")
         return self
 
 
@@ -6802,7 +6793,7 @@ class SignalRequest(_Message):
     __slots__ = ("id", "signal", "only_leader")
     _FIELDS = (
         (1, "id", "required", "scalar", "string", None),
-        (2, "signal", "required", "scalar", "int32", None),
+        (2, "signal", "optional", "scalar", "int32", None),
         (3, "only_leader", "optional", "scalar", "bool", None),
     )
 
@@ -6810,7 +6801,7 @@ class SignalRequest(_Message):
         self,
         *,
         id: str | None = None,
-        signal: int | None = None,
+        signal: int | None = None,  # absent: 0 (checks that the process exists)
         only_leader: bool | None = None,
     ) -> None:
         self.id = id
@@ -6826,15 +6817,14 @@ class SignalRequest(_Message):
         out += b"\x0a"
         _put_str(out, v, "SignalRequest.id")
         v = self.signal
-        if v is None:
-            raise EncodeError("SignalRequest.signal: required field not set")
-        if v.__class__ is not int or v < -0x80000000 or v > 0x7FFFFFFF:
-            v = _check_int(v, "SignalRequest.signal", "int32")
-        out += b"\x10"
-        if 0 <= v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v & 0xFFFFFFFFFFFFFFFF)  # negative: 10 bytes, two's complement
+        if v is not None:
+            if v.__class__ is not int or v < -0x80000000 or v > 0x7FFFFFFF:
+                v = _check_int(v, "SignalRequest.signal", "int32")
+            out += b"\x10"
+            if 0 <= v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v & 0xFFFFFFFFFFFFFFFF)  # negative: 10 bytes, two's complement
         v = self.only_leader
         if v is not None:
             if v is True:
@@ -6889,8 +6879,6 @@ class SignalRequest(_Message):
             raise DecodeError("SignalRequest: the last field runs past the end of the message")
         if self.id is None:
             raise DecodeError("SignalRequest.id: required field missing")
-        if self.signal is None:
-            raise DecodeError("SignalRequest.signal: required field missing")
         return self
 
 
@@ -7172,16 +7160,16 @@ class ResizeRequest(_Message):
     __slots__ = ("id", "rows", "cols")
     _FIELDS = (
         (1, "id", "required", "scalar", "string", None),
-        (2, "rows", "required", "scalar", "uint32", None),
-        (3, "cols", "required", "scalar", "uint32", None),
+        (2, "rows", "optional", "scalar", "uint32", None),
+        (3, "cols", "optional", "scalar", "uint32", None),
     )
 
     def __init__(
         self,
         *,
         id: str | None = None,
-        rows: int | None = None,
-        cols: int | None = None,
+        rows: int | None = None,  # absent: 0
+        cols: int | None = None,  # absent: 0
     ) -> None:
         self.id = id
         self.rows = rows
@@ -7196,25 +7184,23 @@ class ResizeRequest(_Message):
         out += b"\x0a"
         _put_str(out, v, "ResizeRequest.id")
         v = self.rows
-        if v is None:
-            raise EncodeError("ResizeRequest.rows: required field not set")
-        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
-            v = _check_int(v, "ResizeRequest.rows", "uint32")
-        out += b"\x10"
-        if v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v)
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "ResizeRequest.rows", "uint32")
+            out += b"\x10"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         v = self.cols
-        if v is None:
-            raise EncodeError("ResizeRequest.cols: required field not set")
-        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
-            v = _check_int(v, "ResizeRequest.cols", "uint32")
-        out += b"\x18"
-        if v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v)
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "ResizeRequest.cols", "uint32")
+            out += b"\x18"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         return bytes(out)
 
     @classmethod
@@ -7259,10 +7245,6 @@ class ResizeRequest(_Message):
             raise DecodeError("ResizeRequest: the last field runs past the end of the message")
         if self.id is None:
             raise DecodeError("ResizeRequest.id: required field missing")
-        if self.rows is None:
-            raise DecodeError("ResizeRequest.rows: required field missing")
-        if self.cols is None:
-            raise DecodeError("ResizeRequest.cols: required field missing")
         return self
 
 
@@ -8003,7 +7985,7 @@ class TunnelListenRequest(_Message):
     __slots__ = ("host", "port", "backlog", "remote", "accept_timeout_ms")
     _FIELDS = (
         (1, "host", "optional", "scalar", "string", None),
-        (2, "port", "required", "scalar", "uint32", None),
+        (2, "port", "optional", "scalar", "uint32", None),
         (3, "backlog", "optional", "scalar", "uint32", None),
         (4, "remote", "optional", "scalar", "string", None),
         (5, "accept_timeout_ms", "optional", "scalar", "uint32", None),
@@ -8013,7 +7995,7 @@ class TunnelListenRequest(_Message):
         self,
         *,
         host: str | None = None,  # default "127.0.0.1"
-        port: int | None = None,  # 0: kernel-chosen (see TunnelReady.port)
+        port: int | None = None,  # absent or 0: kernel-chosen (see TunnelReady.port)
         backlog: int | None = None,  # listen() backlog, default 128
         remote: str | None = None,  # the client's end, free text for listings ("127.0.0.1:3000")
         # an unclaimed accepted connection is closed after this (default 10000)
@@ -8033,15 +8015,14 @@ class TunnelListenRequest(_Message):
             out += b"\x0a"
             _put_str(out, v, "TunnelListenRequest.host")
         v = self.port
-        if v is None:
-            raise EncodeError("TunnelListenRequest.port: required field not set")
-        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
-            v = _check_int(v, "TunnelListenRequest.port", "uint32")
-        out += b"\x10"
-        if v < 0x80:
-            out.append(v)
-        else:
-            out += _ev(v)
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "TunnelListenRequest.port", "uint32")
+            out += b"\x10"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         v = self.backlog
         if v is not None:
             if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
@@ -8119,8 +8100,6 @@ class TunnelListenRequest(_Message):
                 pos = _skip(data, pos, end, tag, TunnelListenRequest._NUMBERS, "TunnelListenRequest")
         if pos != end:
             raise DecodeError("TunnelListenRequest: the last field runs past the end of the message")
-        if self.port is None:
-            raise DecodeError("TunnelListenRequest.port: required field missing")
         return self
 
 
