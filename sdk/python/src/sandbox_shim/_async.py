@@ -168,7 +168,8 @@ class AsyncCall:
     async def write(self, data: Union[bytes, bytearray, memoryview], fin: bool = False) -> None:
         """Send all of data (waiting for credit); with fin, end our direction."""
         eng = self.engine
-        mv = data if isinstance(data, bytes) else memoryview(data).cast("B")
+        # a view, never a slice of the bytes: slicing bytes copies the rest every round
+        mv = memoryview(data).cast("B")
         pos, n = 0, len(mv)
         while True:
             if self.done:

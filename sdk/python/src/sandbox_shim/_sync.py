@@ -171,7 +171,8 @@ class Call:
     def write(self, data: Union[bytes, bytearray, memoryview], fin: bool = False) -> None:
         """Send all of data (waiting for credit); with fin, end our direction."""
         eng = self.engine
-        mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        # a view, never a slice of the bytes: slicing bytes copies the rest every round
+        mv = memoryview(data).cast("B")
         pos, n = 0, len(mv)
         while True:
             with self.cond:
