@@ -952,9 +952,18 @@ static int case_slow_reader(void)
 		uint64_t took = it_now_ms() - t0;
 		CHECKF(took < 60000, "the second connection took %" PRIu64 " ms", took);
 		close(b);
-		/* the stalled one is held back at its source (kernel buffers and one window) */
+		/* the stalled one is held back at its source (kernel buffers and one window): it
+		 * comes to a stop (the kernel's buffers may still be growing into their autotuned
+		 * size when the other connection ends, so wait for 300 ms without a byte) */
 		long held = atomic_load(&s.sent);
-		it_sleep_ms(300);
+		uint64_t stop_by = it_now_ms() + 10000;
+		for (;;) {
+			it_sleep_ms(300);
+			long now = atomic_load(&s.sent);
+			if (now == held || it_now_ms() > stop_by)
+				break;
+			held = now;
+		}
 		CHECK_EQ(atomic_load(&s.sent), held);
 		CHECKF(held < (long)(48 * MiB), "the stalled connection's source sent %ld bytes", held);
 		/* and it resumes intact */

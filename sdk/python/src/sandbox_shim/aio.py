@@ -12,6 +12,7 @@ from typing import IO, Any, AsyncIterator, Callable, Generic, List, Mapping, Opt
 
 from . import _ops, _pb
 from ._async import AsyncCall, AsyncEngine
+from ._sync import closed_error
 from ._core import PathLike, check_abort, check_type, seconds
 from ._ops import Command, signal_number
 from ._protocol import Data, Protocol, StreamEvent, make_error
@@ -396,10 +397,16 @@ class AsyncProcess:
         return f"<AsyncProcess id={self.id!r} pid={self.pid}>"
 
     def _drop(self) -> None:
+        # the connection is closing: calls on the handle fail as the connection's do
+        self._conn_closed = True
         self._closed = True
+
+    _conn_closed = False
 
     def _check(self) -> None:
         if self._closed:
+            if self._conn_closed:
+                raise closed_error()
             raise ValueError("the process handle is closed")
 
     async def _write(self, data: Any, fin: bool) -> None:

@@ -9,7 +9,7 @@ from . import _ops, _pb
 from ._core import check_abort, check_type, seconds
 from ._ops import Command, signal_number
 from ._protocol import Data, StreamEvent
-from ._sync import Call, Engine, make_error
+from ._sync import Call, Engine, closed_error, make_error
 from .errors import SandboxError
 from .types import CommandResult, OutputChunk, ProcessInfo
 
@@ -110,8 +110,12 @@ class Process:
         except Exception:
             pass
 
+    _conn_closed = False
+
     def _check(self) -> None:
         if self._closed:
+            if self._conn_closed:
+                raise closed_error()
             raise ValueError("the process handle is closed")
 
     def write_stdin(self, data: Union[str, bytes]) -> None:
@@ -217,6 +221,8 @@ class Process:
         self._e.request(_pb.Request(resize=_pb.ResizeRequest(id=self.id, rows=rows, cols=cols)), timeout=self._timeout)
 
     def _drop(self) -> None:
+        # the connection is closing: calls on the handle fail as the connection's do
+        self._conn_closed = True
         self._closed = True
 
     def close(self) -> None:
