@@ -228,7 +228,6 @@ class Engine:
         self.pongs: Dict[bytes, Any] = {}
         self._ping_seq = 0
         self._closers: "Dict[int, Callable[[], None]]" = {}
-        self._write_error: Optional[BaseException] = None
         self._reader = threading.Thread(target=_reader_main, args=(weakref.proxy(self), transport),
                                         name="sandbox_shim-reader", daemon=True)
 
