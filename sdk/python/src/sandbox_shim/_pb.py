@@ -875,6 +875,7 @@ class Request(_Message):
         "tunnel_accept",
         "tunnels",
         "tunnel_close",
+        "fs",
     )
     _FIELDS = (
         (1, "info", "optional", "message", "InfoRequest", "kind"),
@@ -915,6 +916,7 @@ class Request(_Message):
         (83, "tunnel_accept", "optional", "message", "TunnelAcceptRequest", "kind"),
         (84, "tunnels", "optional", "message", "TunnelListRequest", "kind"),
         (85, "tunnel_close", "optional", "message", "TunnelCloseRequest", "kind"),
+        (100, "fs", "optional", "message", "FsOptions", None),
     )
     _ONEOFS = {
         "kind": (
@@ -1005,6 +1007,9 @@ class Request(_Message):
         tunnel_accept: TunnelAcceptRequest | None = None,
         tunnels: TunnelListRequest | None = None,
         tunnel_close: TunnelCloseRequest | None = None,
+        # As whom a file operation acts and how it resolves its paths (PROTOCOL.md 12.1.1).
+        # Requests that take no path ignore it; exec has its own user and group.
+        fs: FsOptions | None = None,
     ) -> None:
         self.info = info
         self.echo = echo
@@ -1044,6 +1049,7 @@ class Request(_Message):
         self.tunnel_accept = tunnel_accept
         self.tunnels = tunnels
         self.tunnel_close = tunnel_close
+        self.fs = fs
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -1239,6 +1245,10 @@ class Request(_Message):
             n_kind += 1
             out += b"\xaa\x05"
             _put_msg(out, v, TunnelCloseRequest, "Request.tunnel_close")
+        v = self.fs
+        if v is not None:
+            out += b"\xa2\x06"
+            _put_msg(out, v, FsOptions, "Request.fs")
         if n_kind > 1:
             raise _oneof_error(self, "kind")
         return bytes(out)
@@ -1289,6 +1299,7 @@ class Request(_Message):
         self.tunnel_accept = None
         self.tunnels = None
         self.tunnel_close = None
+        self.fs = None
         o_kind = None  # the member of oneof kind seen last
         while pos < end:
             tag = data[pos]
@@ -1524,6 +1535,9 @@ class Request(_Message):
                 o_kind = "tunnel_close"
                 p, pos = _ld(data, pos, end, "Request.tunnel_close")
                 self.tunnel_close = TunnelCloseRequest._dec(data, p, pos)
+            elif tag == 802:  # field 100 fs: FsOptions
+                p, pos = _ld(data, pos, end, "Request.fs")
+                self.fs = FsOptions._dec(data, p, pos)
             else:
                 pos = _skip(data, pos, end, tag, Request._NUMBERS, "Request")
         if pos != end:
@@ -1609,6 +1623,108 @@ class Request(_Message):
         if self.tunnel_close is not None:
             return "tunnel_close"
         return None
+
+
+# The identity and path resolution of one file operation. Absent: the shim's
+# --fs-user (or its own identity), symlinks followed under the link-owner rule.
+class FsOptions(_Message):
+    """message shim.v1.FsOptions"""
+
+    __slots__ = ("user", "group", "no_follow", "no_symlinks")
+    _FIELDS = (
+        (1, "user", "optional", "scalar", "string", None),
+        (2, "group", "optional", "scalar", "string", None),
+        (3, "no_follow", "optional", "scalar", "bool", None),
+        (4, "no_symlinks", "optional", "scalar", "bool", None),
+    )
+
+    def __init__(
+        self,
+        *,
+        user: str | None = None,  # name or number: the operation's fsuid, fsgid and groups
+        group: str | None = None,  # name or number: overrides the primary group
+        no_follow: bool | None = None,  # the last component may not be a symlink (ELOOP)
+        no_symlinks: bool | None = None,  # no component may be a symlink (ELOOP)
+    ) -> None:
+        self.user = user
+        self.group = group
+        self.no_follow = no_follow
+        self.no_symlinks = no_symlinks
+
+    def encode(self) -> bytes:
+        """The message in protobuf binary form; EncodeError if it cannot be encoded."""
+        out = bytearray()
+        v = self.user
+        if v is not None:
+            out += b"\x0a"
+            _put_str(out, v, "FsOptions.user")
+        v = self.group
+        if v is not None:
+            out += b"\x12"
+            _put_str(out, v, "FsOptions.group")
+        v = self.no_follow
+        if v is not None:
+            if v is True:
+                out += b"\x18\x01"
+            elif v is False:
+                out += b"\x18\x00"
+            else:
+                raise _type_error("FsOptions.no_follow", v, "bool")
+        v = self.no_symlinks
+        if v is not None:
+            if v is True:
+                out += b"\x20\x01"
+            elif v is False:
+                out += b"\x20\x00"
+            else:
+                raise _type_error("FsOptions.no_symlinks", v, "bool")
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> FsOptions:
+        """The message encoded in data; DecodeError if data is not one."""
+        return _decode(FsOptions, data)
+
+    @staticmethod
+    def _dec(data: bytes, pos: int, end: int) -> FsOptions:
+        self = FsOptions.__new__(FsOptions)
+        self.user = None
+        self.group = None
+        self.no_follow = None
+        self.no_symlinks = None
+        while pos < end:
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _dv(data, pos)
+            if tag == 10:  # field 1 user: string
+                p, pos = _ld(data, pos, end, "FsOptions.user")
+                self.user = data[p:pos].decode("utf-8", "replace")
+            elif tag == 18:  # field 2 group: string
+                p, pos = _ld(data, pos, end, "FsOptions.group")
+                self.group = data[p:pos].decode("utf-8", "replace")
+            elif tag == 24:  # field 3 no_follow: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.no_follow = v != 0
+            elif tag == 32:  # field 4 no_symlinks: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.no_symlinks = v != 0
+            else:
+                pos = _skip(data, pos, end, tag, FsOptions._NUMBERS, "FsOptions")
+        if pos != end:
+            raise DecodeError("FsOptions: the last field runs past the end of the message")
+        return self
 
 
 # Results (type END ends a stream successfully).
@@ -9838,6 +9954,7 @@ MESSAGES = {
     "HelloReply": HelloReply,
     "Error": Error,
     "Request": Request,
+    "FsOptions": FsOptions,
     "Result": Result,
     "Done": Done,
     "Event": Event,
