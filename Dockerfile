@@ -1,7 +1,8 @@
 # sandbox-shim image: the fully static daemon as PID 1, with rclone and fuse3 for bucket mounts.
 #
 #   podman build -t sandbox-shim .                      (or: docker build -t sandbox-shim .)
-#   podman run -d -v /some/host/dir:/run/sandbox-shim sandbox-shim    (dir: mode 0700)
+#   podman run -d -v /some/host/dir:/run/sandbox-shim sandbox-shim    (dir: any mode that
+#                 others cannot write; the socket in it is 0600, root's)
 #   sbx -t unix:/some/host/dir/shim.sock ping
 #   podman run -d sandbox-shim my-server --port 8080    (a workload: the image's CMD)
 #   sbx -t 'exec:podman exec -i CTR sandbox-shim --stdio' ping
@@ -60,6 +61,8 @@ COPY sdk/include sdk/include
 COPY sdk/src sdk/src
 COPY sdk/cli sdk/cli
 COPY sdk/libsbx.map sdk/libsbx.pc.in sdk/
+# doc/mangen.c: both programs make their man pages themselves (hidden --dump-man)
+COPY doc doc
 # /build is a cache mount: a rebuild after an edit compiles only what changed.
 RUN --mount=type=cache,target=/build,id=sandbox-shim-build \
 	cmake -S . -B /build -DSHIM_STATIC=ON -DSHIM_TESTS=OFF -DCMAKE_BUILD_TYPE="${BUILD_TYPE}" \
@@ -87,10 +90,13 @@ RUN if [ -n "${PACKAGES}" ]; then \
 		&& DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${PACKAGES} \
 		&& apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin; \
 	fi \
-	&& mkdir -p -m 0700 /run/sandbox-shim
+	&& mkdir -p -m 0755 /run/sandbox-shim
 COPY --from=bin /usr/local/bin/ /usr/local/bin/
-# /run/sandbox-shim: the socket and the shim's private state (the state directory must be
-# root's, mode 0700: bind-mount a host directory of that mode here to reach the socket).
+# /run/sandbox-shim: the socket alone (shim.sock, 0600), the directory meant to be shared with
+# the host: bind-mount a host directory of any mode here (one that others may write must be
+# sticky and root-owned, or the shim refuses it). The shim's private state (pending-writes
+# journal, mount configs with their keys, caches) is apart, in /run/sandbox-shim-state, which
+# the shim creates 0700 (--state-dir); nothing of it lands in the shared directory.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/sandbox-shim", "--listen", "unix:/run/sandbox-shim/shim.sock", "--listen-optional", "vsock:-1:1024", "--"]
 # No workload by default (the base image's ["bash"] is dropped); give one as the command.

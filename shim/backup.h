@@ -14,13 +14,16 @@
 
 #include "err.h"
 #include "fs.h"
+#include "fsctx.h"
 #include "worker.h"
 
 struct stream;
 
-/* A job that runs whole on one worker thread (libarchive is synchronous) and talks
- * to the loop while it runs: the loop hands it bytes or takes bytes from it under mu,
- * and it wakes the loop with async. */
+/* A job that runs whole on one thread of its own (libarchive is synchronous; not a
+ * pool thread: it waits for the client while its stream has no credit or no data) and
+ * talks to the loop while it runs: the loop hands it bytes or takes bytes from it
+ * under mu, and it wakes the loop with async. At most --max-jobs run at once; the
+ * others wait in a queue on the loop, holding no thread (op_backup.c). */
 struct bjob {
 	struct stream *st; /* NULL once the stream has gone (cancel, disconnect) */
 	struct ev_loop *loop;
@@ -31,11 +34,21 @@ struct bjob {
 	pthread_cond_t cv;
 	bool cancelled;                  /* set by the loop under mu; polled by the worker (atomic load) */
 	bool finished;                   /* run() has returned (loop side) */
+	bool queued;                     /* waiting for a slot of --max-jobs (loop side) */
+	bool running;                    /* counted in the running jobs (loop side) */
+	struct bjob *qnext;              /* the queue of waiting jobs */
 	uint64_t items, bytes;           /* progress, written by the worker (atomics) */
 	uint64_t sent_items, sent_bytes; /* what the last EVENT said */
 	int rc;
 	struct shim_err err;
+	/* the request's identity and resolve flags (fsctx.h): the job's worker and its
+	 * helper thread act as it */
+	struct fs_ctx fsx;
 };
+
+/* The default --max-jobs: backups and restores running at once, each on a thread of
+ * its own (and a backup's walker on another); the next ones wait queued. */
+#define BJOB_DEFAULT_MAX 16
 
 /* True once the loop has cancelled the job: the worker stops at its next check. */
 bool bjob_cancelled(struct bjob *j);

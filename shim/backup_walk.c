@@ -736,9 +736,15 @@ static void *walk_main(void *arg)
 {
 	struct bk_walk *w = arg;
 	pthread_setname_np(pthread_self(), "backup-walk"); /* top -H, perf */
+	/* the walk's syscalls as the request's identity (the job's worker entered it:
+	 * it took there, so it takes here) */
+	int rc = fs_ctx_enter(&w->b->j.fsx, &w->err);
+	if (rc < 0)
+		w->err_set = true;
 	/* DIR itself first, as "./" */
 	strcpy(w->name, ".");
-	int rc = put_header(w, &w->root_st, w->lv[0].fd, -1, NULL, NULL, NULL);
+	if (rc == 0)
+		rc = put_header(w, &w->root_st, w->lv[0].fd, -1, NULL, NULL, NULL);
 	if (rc == 0) {
 		strcpy(w->name, "./");
 		rc = walk_tree(w);
@@ -759,7 +765,7 @@ struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err)
 		return NULL;
 	}
 	w->b = b;
-	w->euid = geteuid();
+	w->euid = fs_ctx_uid(); /* the operation's (on the job's worker, which entered it) */
 	w->noatime_any = w->euid == 0;
 	strcpy(w->name, ".");
 	w->xlist = malloc(XATTR_LIST_MAX);

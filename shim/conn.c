@@ -86,8 +86,24 @@ struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, 
 		s->conns->prev = c;
 	s->conns = c;
 	s->n_conns++;
+	if (lst != NULL)
+		lst->n_pending++;
 	log_debug("conn %s: connected", c->peer);
 	return c;
+}
+
+int conn_admit(struct conn *c, struct shim_err *err)
+{
+	struct server *s = c->srv;
+	if (c->admitted)
+		return 0;
+	if (c->lst != NULL && s->n_admitted >= s->cfg.max_connections)
+		return err_set(err, EAGAIN, NULL, "too many connections (limit %u)", s->cfg.max_connections);
+	if (c->lst != NULL)
+		c->lst->n_pending--;
+	c->admitted = true;
+	s->n_admitted++;
+	return 0;
 }
 
 /* ---- output ---- */
@@ -338,6 +354,10 @@ static void conn_unlink(struct conn *c)
 	c->next = s->dead;
 	s->dead = c;
 	s->n_conns--;
+	if (c->admitted)
+		s->n_admitted--;
+	else if (c->lst != NULL)
+		c->lst->n_pending--;
 }
 
 static void conn_drop_streams(struct conn *c)

@@ -64,6 +64,7 @@ struct conn {
 	ev_tstamp last_rx;  /* when input last arrived (any bytes) */
 	bool ping_out;
 	bool need_token;
+	bool admitted; /* counted in srv->n_admitted (else in lst->n_pending) */
 	bool want_flush;
 	bool direct_wait;        /* a stream_send_direct() found the socket full: wio is ours too */
 	uint32_t direct_rest_id; /* the stream whose frame rest is all the output queued (0: none) */
@@ -90,6 +91,10 @@ struct conn {
 /* Take over fds (rfd may equal wfd) and start reading. need_token: the HELLO must
  * carry the configured token. */
 struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, bool need_token, const char *peer);
+/* At an accepted HELLO, before HELLO_OK: the connection leaves its listener's
+ * pre-HELLO budget for the admitted ones (--max-connections). 0, or -1 with EAGAIN in
+ * err when the admitted budget is full (the stdio connection is never refused). */
+int conn_admit(struct conn *c, struct shim_err *err);
 /* Send ERROR on stream 0, stop reading, close once it is flushed. */
 void conn_fail(struct conn *c, const struct shim_err *err);
 /* Shutdown: end every stream with ERROR ECANCELED, flush, then close. */

@@ -3,6 +3,7 @@
 #include "conn.h"
 #include "errnames.h"
 #include "frame.h"
+#include "fsctx.h"
 #include "listen.h"
 #include "log.h"
 #include "ops.h"
@@ -89,7 +90,13 @@ static void blocking_run(struct work *w)
 		j->rc = err_set(&j->err, ENOMEM, NULL, "cannot decode the request again");
 		return;
 	}
-	j->rc = j->fn(req, &j->reply, &j->err);
+	/* the request's identity and resolve flags for every syscall of the operation */
+	struct fs_ctx ctx;
+	if (fs_ctx_from_request(req->fs, &ctx, &j->err) < 0 || fs_ctx_enter(&ctx, &j->err) < 0)
+		j->rc = -1;
+	else
+		j->rc = j->fn(req, &j->reply, &j->err);
+	fs_ctx_leave();
 	shim__v1__request__free_unpacked(req, NULL);
 }
 
@@ -234,6 +241,9 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 		goto out;
 	}
 	shim__v1__hello_reply__pack(&r, buf);
+	/* authenticated: it now takes one of the --max-connections (EAGAIN when none is left) */
+	if (conn_admit(c, err) < 0)
+		goto out;
 	c->state = CONN_READY;
 	conn_send(c, 0, FRAME_HELLO_OK, 0, buf, n);
 	log_debug("conn %s: hello from %s, max frame %u", c->peer, h->client_name ? h->client_name : "?", max);

@@ -30,10 +30,16 @@ int fs_root_stat(struct stat *st);
 int fs_path_get(const ProtobufCBinaryData *in, struct fs_path *out, struct shim_err *err);
 
 /* open() path (following symlinks, but never out of the root) with flags and mode.
- * Returns an fd or -1 with err naming the path. */
+ * Returns an fd or -1 with err naming the path. A symlink, in the last component or
+ * on the way, is followed only when its owner is the acting user (fs_ctx_uid()), the
+ * shim's own or the owner of what it points to (to create through a dangling one:
+ * only the first two), else EACCES naming the link; the calling thread's
+ * FS_NO_FOLLOW / FS_NO_SYMLINKS (fsctx.h) refuse links with ELOOP. Nothing is
+ * created or truncated before the links are checked. */
 int fs_open(const struct fs_path *p, int flags, mode_t mode, struct shim_err *err);
 
-/* Open the directory holding path's last component (confined like fs_open) and
+/* Open the directory holding path's last component (confined and checked like
+ * fs_open; FS_NO_FOLLOW does not apply to it, FS_NO_SYMLINKS does) and
  * point *name at that component inside name_buf. For "/" the directory is the root
  * itself and the name ".". Trailing slashes are ignored. */
 int fs_open_parent(const struct fs_path *p, char name_buf[NAME_MAX + 1], struct shim_err *err);
@@ -111,7 +117,7 @@ struct fs_copy_stats {
  * symlink, a directory with everything below it) to ddfd/dname, keeping mode, times
  * and (when root) owners. sfd is -1, or the caller's O_RDONLY fd of a regular file
  * to copy instead of opening sdfd/sname (a source reached through a symlink); *st
- * is then its fstat. The copy is built under a temporary name in ddfd, synced, and
+ * is then its fstat, and the copy gets no set-id bits (S_ISUID, S_ISGID). The copy is built under a temporary name in ddfd, synced, and
  * renamed to dname with renameat2(rename_flags): dname appears complete or not at
  * all, and nothing is left behind on failure. A directory may not be copied into
  * itself or below itself (EINVAL). Stops with ECANCELED once fs_cancel_pending().

@@ -1,6 +1,7 @@
 /* journal.c: STATE/pending-writes: one locked entry per unfinished atomic write, swept at start and exit. */
 #include "journal.h"
 #include "fs.h"
+#include "fsctx.h"
 #include "log.h"
 #include "util.h"
 
@@ -238,7 +239,19 @@ static int journal_dir(struct shim_err *err)
 	return fd;
 }
 
+static struct journal_entry *add_entry(const char *path, struct shim_err *err);
+
+/* The journal is the shim's: a write acting as a user (fsctx.h) records its temp file
+ * with the shim's own identity. */
 struct journal_entry *journal_add(const char *path, struct shim_err *err)
+{
+	bool paused = fs_ctx_pause();
+	struct journal_entry *e = add_entry(path, err);
+	fs_ctx_resume(paused);
+	return e;
+}
+
+static struct journal_entry *add_entry(const char *path, struct shim_err *err)
 {
 	int dfd = journal_dir(err);
 	if (dfd < 0)
@@ -318,8 +331,10 @@ void journal_remove(struct journal_entry *e)
 		e->next->prev = e->prev;
 	pthread_mutex_unlock(&jr.mu);
 	/* unlink while still holding the lock, so no sweep sees it unlocked first */
+	bool paused = fs_ctx_pause();
 	if (unlinkat(jr.dfd, e->name, 0) < 0)
 		log_warn("journal: cannot remove entry %s: %s", e->name, strerror(errno));
+	fs_ctx_resume(paused);
 	close(e->fd);
 	free(e);
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents);
@@ -32,7 +33,7 @@ struct listener *listener_open(struct server *s, const char *spec, struct shim_e
 	snprintf(l->addr, sizeof(l->addr), "%s", spec);
 	if (strncmp(spec, "unix:", 5) == 0) {
 		l->kind = LISTEN_UNIX;
-		l->fd = tr_unix_listen(s, spec + 5, err);
+		l->fd = tr_unix_listen(s, spec + 5, &l->unix_ino, err);
 		if (l->fd >= 0)
 			l->unlink_path = strdup(spec + 5);
 		l->need_token = s->cfg.token != NULL;
@@ -80,7 +81,10 @@ void listener_close(struct listener *l)
 		close(l->fd);
 	l->fd = -1;
 	if (l->unlink_path != NULL) {
-		unlink(l->unlink_path);
+		/* only our socket: not what someone put at the path since */
+		struct stat st;
+		if (lstat(l->unlink_path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == l->unix_ino)
+			unlink(l->unlink_path);
 		free(l->unlink_path);
 		l->unlink_path = NULL;
 	}
@@ -168,7 +172,7 @@ static unsigned open_fds(void)
 	return n > 0 ? n - 1 : 0; /* opendir's own */
 }
 
-void listen_fd_budget(struct server *s, bool asked)
+void listen_fd_budget(struct server *s, bool asked, bool asked_pending)
 {
 	spare_take();
 	struct rlimit rl;
@@ -176,7 +180,21 @@ void listen_fd_budget(struct server *s, bool asked)
 		return;
 	unsigned used = open_fds();
 	rlim_t reserved = (rlim_t)used + LISTEN_FDS_DAEMON;
-	rlim_t fit = rl.rlim_cur > reserved ? (rl.rlim_cur - reserved) / LISTEN_FDS_PER_CONN : 0;
+	rlim_t avail = rl.rlim_cur > reserved ? rl.rlim_cur - reserved : 0;
+	/* one fd for each connection a listener may hold before HELLO: at most a quarter
+	 * of what is left, the rest for the admitted */
+	unsigned nl = s->n_listeners > 0 ? s->n_listeners : 1;
+	if ((rlim_t)nl * s->cfg.max_pending > avail / 4) {
+		unsigned p = (unsigned)(avail / 4 / nl);
+		if (p < 1)
+			p = 1;
+		log_msg(asked_pending ? LOG_WARN : LOG_INFO,
+			"--max-pending %u lowered to %u: RLIMIT_NOFILE is %llu, %u fds are in use, %u listener%s",
+			s->cfg.max_pending, p, (unsigned long long)rl.rlim_cur, used, nl, nl == 1 ? "" : "s");
+		s->cfg.max_pending = p;
+	}
+	avail = avail > (rlim_t)nl * s->cfg.max_pending ? avail - (rlim_t)nl * s->cfg.max_pending : 0;
+	rlim_t fit = avail / LISTEN_FDS_PER_CONN;
 	if (fit < 1)
 		fit = 1;
 	if (fit >= s->cfg.max_connections)
@@ -185,9 +203,9 @@ void listen_fd_budget(struct server *s, bool asked)
 	 * when the operator asked for more, news otherwise) */
 	log_msg(asked ? LOG_WARN : LOG_INFO,
 		"--max-connections %u lowered to %u: RLIMIT_NOFILE is %llu, %u fds are in use, %d kept for the "
-		"daemon and %d budgeted per connection",
+		"daemon, %u for connections before HELLO and %d budgeted per connection",
 		s->cfg.max_connections, (unsigned)fit, (unsigned long long)rl.rlim_cur, used, LISTEN_FDS_DAEMON,
-		LISTEN_FDS_PER_CONN);
+		s->n_listeners * s->cfg.max_pending, LISTEN_FDS_PER_CONN);
 	s->cfg.max_connections = (unsigned)fit;
 }
 
@@ -254,10 +272,15 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		}
 		char peer[96];
 		struct shim_err e;
-		if (s->n_conns >= s->cfg.max_connections) {
-			listen_log_refusal(s, "refusing a connection on %s: too many connections (limit %u)", l->addr,
-					   s->cfg.max_connections);
-			err_set(&e, EAGAIN, NULL, "too many connections (limit %u)", s->cfg.max_connections);
+		/* Before HELLO a peer is a stranger: it takes one of its listener's
+		 * --max-pending, not one of the --max-connections (conn_admit(), at HELLO),
+		 * so strangers on one listener never lock out the clients of another. */
+		if (l->n_pending >= s->cfg.max_pending) {
+			listen_log_refusal(s,
+					   "refusing a connection on %s: too many connections before HELLO (limit %u)",
+					   l->addr, s->cfg.max_pending);
+			err_set(&e, EAGAIN, NULL, "too many connections before HELLO on this listener (limit %u)",
+				s->cfg.max_pending);
 			refuse(fd, &e);
 			continue;
 		}

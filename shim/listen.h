@@ -4,6 +4,7 @@
 
 #include <ev.h>
 #include <stdbool.h>
+#include <sys/types.h>
 
 #include "err.h"
 
@@ -18,8 +19,10 @@ struct listener {
 	ev_io io;
 	ev_timer retry; /* accept paused after EMFILE */
 	bool need_token;
-	char addr[300];    /* as given, with the real port for tcp:HOST:0 */
-	char *unlink_path; /* unix socket file to remove at close */
+	unsigned n_pending; /* its connections that have not completed HELLO */
+	char addr[300];     /* as given, with the real port for tcp:HOST:0 */
+	char *unlink_path;  /* unix socket file to remove at close */
+	ino_t unix_ino;     /* its inode */
 };
 
 /* Create and bind a listener for spec ("unix:PATH", "tcp:HOST:PORT", "vsock:CID:PORT").
@@ -37,13 +40,16 @@ void listen_log_refusal(struct server *s, const char *fmt, ...) __attribute__((f
 /* Start-up, once the listeners (and a workload) are set up: keep a spare fd for
  * refusing connections when the fds run out, and clamp cfg.max_connections to what
  * RLIMIT_NOFILE allows, budgeting LISTEN_FDS_PER_CONN fds per connection (logged
- * once). asked: --max-connections was given (a clamp is then a warning). */
+ * once), and each listener's cfg.max_pending (one fd each) to a quarter of them.
+ * asked, asked_pending: --max-connections, --max-pending were given (a clamp is then
+ * a warning). */
 #define LISTEN_FDS_PER_CONN 8
 #define LISTEN_FDS_DAEMON 16
-void listen_fd_budget(struct server *s, bool asked);
+void listen_fd_budget(struct server *s, bool asked, bool asked_pending);
 
 /* Transport-specific parts (tr_*.c). Each returns a listening fd or -1 with err. */
-int tr_unix_listen(struct server *s, const char *path, struct shim_err *err);
+/* unix: the socket's inode into *ino (its file is removed at close only while it is still ours) */
+int tr_unix_listen(struct server *s, const char *path, ino_t *ino, struct shim_err *err);
 int tr_tcp_listen(const char *hostport, char *bound, size_t bound_size, struct shim_err *err);
 int tr_vsock_listen(const char *cidport, struct shim_err *err);
 /* Peer checks after accept: 0 to admit, -1 with err to refuse. */

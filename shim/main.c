@@ -3,21 +3,27 @@
 #include "conn.h"
 #include "frame.h"
 #include "fs.h"
+#include "fsctx.h"
 #include "init.h"
 #include "journal.h"
 #include "listen.h"
 #include "log.h"
+#include "mount.h"
+#include "mangen.h"
 #include "server.h"
+#include "spawn.h"
 #include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,21 +46,31 @@ static void usage(FILE *f)
 		   "                           is absent: vsock without /dev/vsock or AF_VSOCK\n"
 		   "\n"
 		   "security:\n"
-		   "  --token-file FILE        clients must present this token (tcp, unix, vsock)\n"
+		   "  --token-file FILE        clients must present this token (tcp, unix, vsock); FILE\n"
+		   "                           must be ours (or root's) and 0600 or 0400\n"
 		   "  --insecure-no-token      allow tcp without a token\n"
 		   "  --socket-mode OCTAL      mode of unix sockets (default 0600)\n"
 		   "  --socket-group GROUP     group of unix sockets (name or number)\n"
 		   "  --allow-uid UID          admit only unix peers with this uid (repeatable)\n"
 		   "\n"
 		   "limits:\n"
-		   "  --max-connections N      (default 1024; lowered to what RLIMIT_NOFILE allows, 8 fds\n"
-		   "                           per connection, the soft limit first raised to the hard)\n"
+		   "  --max-connections N      clients past HELLO, every listener together (default 1024;\n"
+		   "                           lowered to what RLIMIT_NOFILE allows, 8 fds per connection,\n"
+		   "                           the soft limit first raised to the hard); one more is\n"
+		   "                           refused at its HELLO with EAGAIN\n"
+		   "  --max-pending N          connections per listener that have not completed HELLO\n"
+		   "                           (default 32); one more is refused at accept with EAGAIN\n"
 		   "  --max-streams N          streams in flight per connection (default 256)\n"
 		   "  --max-frame BYTES        largest frame payload (default 1048576)\n"
 		   "  --workers N              worker threads kept ready (default 1; grows to 64 when\n"
 		   "                           jobs wait behind blocked ones)\n"
 		   "  --max-buffer BYTES       bytes buffered for all clients together (output, read-ahead,\n"
 		   "                           archive buffers; default 67108864); streams over it wait\n"
+		   "  --max-jobs N             backups and restores running at once, each on a thread of\n"
+		   "                           its own (default 16); the next ones wait queued\n"
+		   "  --max-watches N          inotify watches of one recursive watch (default 8192; a\n"
+		   "                           request may ask for fewer); reached: OVERFLOW, no more added\n"
+		   "  --max-watches-total N    inotify watches of every watch together (default 65536)\n"
 		   "  --keepalive SECONDS      ping silent clients after this long; 0 = off (default 60)\n"
 		   "  --handshake-timeout SECONDS  a client's HELLO must be accepted within this time\n"
 		   "                           of its connect; 0 = no limit (default 10)\n"
@@ -66,13 +82,21 @@ static void usage(FILE *f)
 		   "files:\n"
 		   "  --root DIR               every file path resolves beneath DIR (symlinks and ..\n"
 		   "                           cannot leave it)\n"
-		   "  --state-dir DIR          private runtime state (default /run/sandbox-shim as root,\n"
-		   "                           else $XDG_RUNTIME_DIR/sandbox-shim or /tmp/sandbox-shim-UID)\n"
+		   "  --fs-user USER[:GROUP]   file operations that name no user act as USER (name or\n"
+		   "                           number; its groups, GROUP as the primary one): its fsuid,\n"
+		   "                           so the kernel's permission checks apply; a request's\n"
+		   "                           user overrides it (default: the shim's own identity)\n"
+		   "  --state-dir DIR          private state: pending-writes journal, mount configs and\n"
+		   "                           caches; made 0700, must be ours and not in a socket's\n"
+		   "                           directory (default /run/sandbox-shim-state as root, else\n"
+		   "                           $XDG_RUNTIME_DIR/sandbox-shim or /tmp/sandbox-shim-UID; a\n"
+		   "                           default taken by another user: a unique one beside it)\n"
 		   "\n"
+		   "logging and information:\n"
 		   "  --log-level LEVEL        error, warn, info (default) or debug; as PID 1 with a\n"
 		   "                           workload the default is warn (its stderr is the workload's)\n"
 		   "  --log-file FILE          the log goes to FILE (appended) instead of stderr\n"
-		   "  --version, --help\n"
+		   "  --version, --help        print the version, or this help, and exit\n"
 		   "\n"
 		   "environment (for platforms that set a container's environment, not its command):\n"
 		   "  SANDBOX_SHIM_LISTEN      more listen addresses, as --listen, separated by commas\n"
@@ -98,12 +122,17 @@ enum {
 	OPT_LOG_LEVEL,
 	OPT_VERSION,
 	OPT_ROOT,
+	OPT_FS_USER,
 	OPT_STATE_DIR,
 	OPT_KILL_GRACE,
 	OPT_LISTEN_OPTIONAL,
 	OPT_LOG_FILE,
 	OPT_HANDSHAKE_TIMEOUT,
 	OPT_MAX_BUFFER,
+	OPT_MAX_PENDING,
+	OPT_MAX_JOBS,
+	OPT_MAX_WATCHES,
+	OPT_MAX_WATCHES_TOTAL,
 };
 
 static const struct option options[] = {
@@ -116,10 +145,14 @@ static const struct option options[] = {
 	{"socket-group", required_argument, NULL, OPT_SOCKET_GROUP},
 	{"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
 	{"max-connections", required_argument, NULL, OPT_MAX_CONN},
+	{"max-pending", required_argument, NULL, OPT_MAX_PENDING},
 	{"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
 	{"max-frame", required_argument, NULL, OPT_MAX_FRAME},
 	{"workers", required_argument, NULL, OPT_WORKERS},
 	{"max-buffer", required_argument, NULL, OPT_MAX_BUFFER},
+	{"max-jobs", required_argument, NULL, OPT_MAX_JOBS},
+	{"max-watches", required_argument, NULL, OPT_MAX_WATCHES},
+	{"max-watches-total", required_argument, NULL, OPT_MAX_WATCHES_TOTAL},
 	{"keepalive", required_argument, NULL, OPT_KEEPALIVE},
 	{"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
 	{"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
@@ -127,6 +160,7 @@ static const struct option options[] = {
 	{"log-level", required_argument, NULL, OPT_LOG_LEVEL},
 	{"log-file", required_argument, NULL, OPT_LOG_FILE},
 	{"root", required_argument, NULL, OPT_ROOT},
+	{"fs-user", required_argument, NULL, OPT_FS_USER},
 	{"state-dir", required_argument, NULL, OPT_STATE_DIR},
 	{"version", no_argument, NULL, OPT_VERSION},
 	{"help", no_argument, NULL, 'h'},
@@ -180,9 +214,23 @@ static char *env_listen_copy;
 static int read_token(const char *path, const char *origin, struct server_config *cfg)
 {
 	const char *sep = origin[0] != '\0' ? ": " : "";
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		fprintf(stderr, "sandbox-shim: %s%s%s: %s\n", origin, sep, path, strerror(errno));
+		return -1;
+	}
+	/* as ssh checks a key: a regular file of ours (or root's) that no one else may read
+	 * or write, since whoever reads it is let in */
+	struct stat st = {0};
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0) ||
+	    (st.st_mode & 077) != 0) {
+		fprintf(stderr,
+			"sandbox-shim: %s%s%s: the token file must be a regular file owned by uid %u%s and not "
+			"accessible to group or others (it is %s, owner uid %u, mode %04o): chmod 600 it\n",
+			origin, sep, path, (unsigned)geteuid(), geteuid() == 0 ? "" : " or root",
+			S_ISREG(st.st_mode) ? "a file" : "not a regular file", (unsigned)st.st_uid,
+			(unsigned)(st.st_mode & 07777));
+		close(fd);
 		return -1;
 	}
 	char buf[4096];
@@ -210,8 +258,8 @@ static int read_token(const char *path, const char *origin, struct server_config
 }
 
 /* The soft RLIMIT_NOFILE up to the hard one: PID 1 starts with 1024 of 4096 (the
- * kernel's), and every connection and request costs fds. Children inherit it (an
- * ExecRequest's rlimits can lower it for a command). Start-up only. */
+ * kernel's), and every connection and request costs fds. Commands get back the limit
+ * the shim was given (spawn_start_limits). Start-up only. */
 static void raise_nofile(void)
 {
 	struct rlimit rl;
@@ -227,29 +275,115 @@ static void raise_nofile(void)
 	log_debug("RLIMIT_NOFILE raised from %llu to %llu", (unsigned long long)was, (unsigned long long)rl.rlim_max);
 }
 
-/* Create the private state directory (0700, ours) if needed. Start-up only. */
-static int state_dir_init(struct server_config *cfg)
+/* dir is (made if absent) a directory of ours, mode 0700; else why not into why. */
+static int state_dir_make(const char *dir, char *why, size_t size)
+{
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(why, size, "%s", strerror(errno));
+		return -1;
+	}
+	int cleanup_close fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		snprintf(why, size, "%s", errno == ELOOP ? "a symlink" : strerror(errno));
+		return -1;
+	}
+	if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+		/* someone else's, or open to others: credentials and journals go here */
+		snprintf(why, size, "owner uid %u, mode %04o; must be a directory of ours with mode 0700",
+			 (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+		return -1;
+	}
+	return 0;
+}
+
+/* The private state directory (0700, ours: the pending-writes journal, mount configs
+ * and caches), created if needed. A non-root shim whose default is taken (another
+ * user made it first in a shared /tmp) makes a private one with a unique name beside
+ * it instead. Start-up only. */
+static void state_dir_default(struct server_config *cfg)
 {
 	if (cfg->state_dir[0] == '\0') {
 		const char *xdg = getenv("XDG_RUNTIME_DIR");
-		if (getuid() == 0)
-			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/run/sandbox-shim");
-		else if (xdg != NULL && xdg[0] == '/')
+		if (geteuid() == 0)
+			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", SHIM_STATE_DIR_ROOT);
+		else if (xdg != NULL && xdg[0] == '/' && strlen(xdg) < sizeof(cfg->state_dir) - 32)
 			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s/sandbox-shim", xdg);
 		else
-			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/tmp/sandbox-shim-%u", (unsigned)getuid());
+			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/tmp/sandbox-shim-%u", (unsigned)geteuid());
 	}
-	if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
-		fprintf(stderr, "sandbox-shim: state dir %s: %s\n", cfg->state_dir, strerror(errno));
+}
+
+static int state_dir_init(struct server_config *cfg, bool dflt)
+{
+	char why[160];
+	if (state_dir_make(cfg->state_dir, why, sizeof(why)) == 0)
+		return 0;
+	if (!dflt || geteuid() == 0) {
+		fprintf(stderr, "sandbox-shim: state dir %s: %s\n", cfg->state_dir, why);
 		return -1;
 	}
-	struct stat st;
-	if (lstat(cfg->state_dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-	    (st.st_mode & 077) != 0) {
-		/* someone else's, or readable by others: credentials and journals go here */
-		fprintf(stderr, "sandbox-shim: state dir %s must be a directory of ours with mode 0700\n",
-			cfg->state_dir);
+	char tmpl[sizeof(cfg->state_dir) + 8];
+	snprintf(tmpl, sizeof(tmpl), "%.*s.XXXXXX", (int)sizeof(cfg->state_dir) - 8, cfg->state_dir);
+	char why2[160];
+	if (mkdtemp(tmpl) == NULL) {
+		fprintf(stderr, "sandbox-shim: state dir %s: %s; and %s: %s\n", cfg->state_dir, why, tmpl,
+			strerror(errno));
 		return -1;
+	}
+	if (state_dir_make(tmpl, why2, sizeof(why2)) < 0) {
+		fprintf(stderr, "sandbox-shim: state dir %s: %s; and %s: %s\n", cfg->state_dir, why, tmpl, why2);
+		return -1;
+	}
+	log_warn("state dir %s is not ours (%s): using %s instead", cfg->state_dir, why, tmpl);
+	snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%.*s", (int)sizeof(cfg->state_dir) - 1, tmpl);
+	return 0;
+}
+
+/* The state must never sit in a unix socket's directory that is someone else's or that
+ * others can write: that one is meant to be shared with the host (a bind mount of a
+ * host user's directory), whose owner could swap the state dir for one of theirs and
+ * receive the credentials. (A socket directory of the shim's own user that no one else
+ * can write, as a test's, may hold it.) Start-up only. */
+static int state_dir_apart(const struct server_config *cfg, const char *const *listens, unsigned n)
+{
+	/* the path as it would resolve (it may not exist yet) */
+	char state[PATH_MAX], parent[PATH_MAX];
+	if (realpath(cfg->state_dir, state) == NULL) {
+		snprintf(parent, sizeof(parent), "%s", cfg->state_dir);
+		char *sl = strrchr(parent, '/');
+		if (sl == NULL || sl == parent)
+			return 0;
+		*sl = '\0';
+		char rp[PATH_MAX];
+		if (realpath(parent, rp) == NULL)
+			return 0;
+		if ((size_t)snprintf(state, sizeof(state), "%s/%s", rp, sl + 1) >= sizeof(state))
+			return 0;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		if (strncmp(listens[i], "unix:", 5) != 0)
+			continue;
+		char dir[PATH_MAX], real[PATH_MAX];
+		snprintf(dir, sizeof(dir), "%s", listens[i] + 5);
+		char *slash = strrchr(dir, '/');
+		if (slash == NULL)
+			continue;
+		*(slash == dir ? slash + 1 : slash) = '\0';
+		struct stat st;
+		if (realpath(dir, real) == NULL || stat(real, &st) < 0 ||
+		    (st.st_uid == geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0))
+			continue;
+		size_t len = strlen(real);
+		if (strcmp(real, "/") == 0 ||
+		    (strncmp(state, real, len) == 0 && (state[len] == '\0' || state[len] == '/'))) {
+			fprintf(stderr,
+				"sandbox-shim: state dir %s is in the directory of the socket %s (%s, owner uid %u, "
+				"mode %04o), which is shared: give --state-dir elsewhere\n",
+				cfg->state_dir, listens[i] + 5, real, (unsigned)st.st_uid,
+				(unsigned)(st.st_mode & 07777));
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -310,10 +444,16 @@ int main(int argc, char **argv)
 	bool use_stdio = false;
 	const char *token_file = NULL;
 	const char *log_file = NULL;
+	const char *fs_user = NULL;
 	bool log_level_given = false;
 	bool max_conn_given = false;
+	bool max_pending_given = false;
 	int opt;
 
+	/* hidden (issue 18): sandbox-shim(8) and its checks, made from usage() and options[] */
+	if (argc >= 2 &&
+	    (!strcmp(argv[1], "--dump-man") || !strcmp(argv[1], "--check-docs") || !strcmp(argv[1], "--list-options")))
+		return mangen_daemon(argc, argv, usage, options, SHIM_VERSION);
 	/* '+': options end at the first non-option, so a workload's own options after
 	 * "--" are never taken for ours (and "CMD" without "--" is an error) */
 	while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
@@ -359,6 +499,10 @@ int main(int argc, char **argv)
 			s.cfg.max_connections = (unsigned)parse_num(optarg, "--max-connections", 1, 1000000);
 			max_conn_given = true;
 			break;
+		case OPT_MAX_PENDING:
+			s.cfg.max_pending = (unsigned)parse_num(optarg, "--max-pending", 1, 1000000);
+			max_pending_given = true;
+			break;
 		case OPT_MAX_STREAMS:
 			s.cfg.max_streams = (unsigned)parse_num(optarg, "--max-streams", 1, 1000000);
 			break;
@@ -372,6 +516,15 @@ int main(int argc, char **argv)
 			break;
 		case OPT_MAX_BUFFER:
 			s.cfg.max_buffer = parse_num(optarg, "--max-buffer", BUDGET_MIN, 1ul << 40);
+			break;
+		case OPT_MAX_WATCHES:
+			s.cfg.max_watches = (unsigned)parse_num(optarg, "--max-watches", 1, 1u << 24);
+			break;
+		case OPT_MAX_WATCHES_TOTAL:
+			s.cfg.max_watches_total = (unsigned)parse_num(optarg, "--max-watches-total", 1, 1u << 24);
+			break;
+		case OPT_MAX_JOBS:
+			s.cfg.max_jobs = (unsigned)parse_num(optarg, "--max-jobs", 1, 1024);
 			break;
 		case OPT_KEEPALIVE:
 			s.cfg.keepalive = parse_seconds(optarg, "--keepalive");
@@ -396,6 +549,11 @@ int main(int argc, char **argv)
 		case OPT_LOG_FILE:
 			log_file = optarg;
 			break;
+		case OPT_FS_USER:
+			if (fs_user != NULL)
+				die_usage("--fs-user given twice ('%s', then '%s')", fs_user, optarg);
+			fs_user = optarg;
+			break;
 		case OPT_ROOT:
 			s.cfg.root = optarg;
 			break;
@@ -415,6 +573,11 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	/* the token and mount keys live in this process: no ptrace or /proc/PID/mem by
+	 * its own uid (a command that dropped to it, say), and no core dump (commands get
+	 * the RLIMIT_CORE back: spawn.c) */
+	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+		log_warn("cannot make the shim non-dumpable: %s", strerror(errno));
 	if (log_file != NULL && log_open_file(log_file) < 0) {
 		fprintf(stderr, "sandbox-shim: --log-file %s: %s\n", log_file, strerror(errno));
 		return 1;
@@ -472,16 +635,27 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	spawn_startup(); /* before raise_nofile(): commands get the limits the shim started with */
 	raise_nofile();
 	struct shim_err serr;
+	/* the user database once, now: an unknown user is a bad option, not a request's error */
+	if (fs_user != NULL && fs_ctx_set_default(fs_user, &serr) < 0)
+		die_usage("--fs-user %s: %s", fs_user, serr.msg);
 	if (fs_init(s.cfg.root, &serr) < 0) {
 		fprintf(stderr, "sandbox-shim: --root %s: %s: %s\n", s.cfg.root, serr.msg, strerror(serr.code));
 		return 1;
 	}
-	if (state_dir_init(&s.cfg) < 0)
+	bool state_dflt = s.cfg.state_dir[0] == '\0';
+	state_dir_default(&s.cfg);
+	if (state_dir_apart(&s.cfg, listens, n_listens) < 0 || state_dir_init(&s.cfg, state_dflt) < 0)
 		return 1;
+	log_debug("state dir %s", s.cfg.state_dir);
 	if (journal_init(s.cfg.state_dir) < 0)
 		return 1;
+	/* a crashed daemon's mounts left their rclone configs (with the keys) here */
+	unsigned swept = mount_sweep(s.cfg.state_dir);
+	if (swept > 0)
+		log_warn("removed the files of %u mount%s left by a daemon that is gone", swept, swept == 1 ? "" : "s");
 
 	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
 	if (loop == NULL) {
@@ -537,8 +711,16 @@ int main(int argc, char **argv)
 			return rc < 0 ? 1 : rc;
 		}
 	}
+	/* after the workload started (it keeps the limit the shim was given): no core
+	 * dumps of the shim (the soft limit only, so a command can have it back) */
+	struct rlimit core;
+	if (getrlimit(RLIMIT_CORE, &core) == 0 && core.rlim_cur != 0) {
+		core.rlim_cur = 0;
+		if (setrlimit(RLIMIT_CORE, &core) < 0)
+			log_warn("cannot set RLIMIT_CORE to 0: %s", strerror(errno));
+	}
 	/* what is open now is the daemon's own: the rest of the fds are the connections' */
-	listen_fd_budget(&s, max_conn_given);
+	listen_fd_budget(&s, max_conn_given, max_pending_given);
 	log_info("sandbox-shim %s ready (pid %d%s)", SHIM_VERSION, (int)s.pid, s.pid1 ? ", PID 1" : "");
 	ev_run(loop, 0);
 	/* every child is gone now: unmount what was mounted, and such */

@@ -17,6 +17,11 @@ struct server;
 #define MOUNT_MAX_TIMEOUT_MS 300000
 #define MOUNT_DEFAULT_FLUSH_MS 60000 /* unmount: wait for pending uploads */
 #define MOUNT_ARGV_MAX (24 + 2 * MOUNT_MAX_OPTIONS)
+/* The fd number the checked mount point has in rclone mount, which (and the fusermount3
+ * it runs) gets "/proc/self/fd/63/." as the mount point: the directory that was checked,
+ * whatever is renamed or swapped on its path since. High enough to stay clear of the fds
+ * Go hands fusermount3 (its socket is fd 3). */
+#define MOUNT_POINT_FD 63
 
 /* What the worker needs to prepare a mount: checked strings from the request. The
  * secret fields are wiped (explicit_bzero) when the plan is freed. */
@@ -41,7 +46,9 @@ struct mount_plan {
 	 * key or a dead server fails fast and with the server's words */
 	char *pf_argv[16];
 	char *envp[8];
-	int log_fd; /* rclone's stdout and stderr */
+	int log_fd;  /* rclone's stdout and stderr */
+	int lock_fd; /* the runtime dir, flock()ed while the mount lives (mount_sweep) */
+	int mp_fd;   /* the checked mount point (O_PATH): rclone gets it as MOUNT_POINT_FD */
 };
 
 void mount_plan_free(struct mount_plan *pl);
@@ -68,11 +75,12 @@ struct mount_plan *mount_plan_new(const struct Shim__V1__MountRequest *q, const 
 /* ---- children (mount_spawn.c; loop thread) ---- */
 
 /* fork and exec path with argv and envp (all built before), stdin from /dev/null,
- * stdout and stderr to out_fd (-1: /dev/null), in cwd (NULL: unchanged) and its own
+ * stdout and stderr to out_fd (-1: /dev/null), keep_fd (-1: none) as MOUNT_POINT_FD,
+ * in cwd (NULL: unchanged) and its own
  * session, dying with the shim: on the loop thread, so that the caller registers the
  * pid with the reaper before returning to the loop and no one can collect its status
  * first. The pid, or -1 with err. */
-pid_t mount_spawn(const char *path, char *const argv[], char *const envp[], int out_fd, const char *cwd,
+pid_t mount_spawn(const char *path, char *const argv[], char *const envp[], int out_fd, int keep_fd, const char *cwd,
 		  struct shim_err *err);
 
 /* ---- worker side ---- */
@@ -113,6 +121,14 @@ int mount_tombstone(const char *path);
 /* The last meaningful line(s) of rclone's log (timestamps dropped), at most size-1
  * bytes; "" when there is none. */
 void mount_log_tail(const char *rundir, char *out, size_t size);
+
+/* Worker: note rclone's pid (and start time) in the runtime dir, for mount_sweep(). */
+void mount_record_pid(const char *rundir, pid_t pid);
+
+/* Start-up: remove what mounts of a daemon that is gone left in STATE/mounts (the
+ * rclone config with its credentials, the log, the cache): every runtime dir no live
+ * daemon holds locked. Returns how many were removed. */
+unsigned mount_sweep(const char *state_dir);
 
 /* Remove the runtime dir (config, log, cache) and, when created, the mount point. */
 void mount_remove_files(const char *rundir, const char *real, bool created_dir);

@@ -220,6 +220,8 @@ struct mount_plan *mount_plan_new(const Shim__V1__MountRequest *q, const char *p
 		return NULL;
 	}
 	pl->log_fd = -1;
+	pl->lock_fd = -1;
+	pl->mp_fd = -1;
 	bool has_prefix = q->prefix != NULL && q->prefix[0] != '\0';
 	pl->bucket = strdup(q->bucket);
 	pl->prefix = has_prefix ? strdup(q->prefix) : NULL;

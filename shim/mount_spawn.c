@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-pid_t mount_spawn(const char *path, char *const argv[], char *const envp[], int out_fd, const char *cwd,
+pid_t mount_spawn(const char *path, char *const argv[], char *const envp[], int out_fd, int keep_fd, const char *cwd,
 		  struct shim_err *err)
 {
 	int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -37,7 +37,17 @@ pid_t mount_spawn(const char *path, char *const argv[], char *const envp[], int 
 			_exit(127);
 		if (cwd != NULL && chdir(cwd) < 0)
 			_exit(127);
-		syscall(SYS_close_range, 3, ~0U, 0);
+		if (keep_fd >= 0) {
+			/* without CLOEXEC, here only: rclone's fusermount3 inherits it too */
+			if (keep_fd != MOUNT_POINT_FD && dup2(keep_fd, MOUNT_POINT_FD) < 0)
+				_exit(127);
+			if (keep_fd == MOUNT_POINT_FD && fcntl(keep_fd, F_SETFD, 0) < 0)
+				_exit(127);
+			syscall(SYS_close_range, 3, MOUNT_POINT_FD - 1, 0);
+			syscall(SYS_close_range, MOUNT_POINT_FD + 1, ~0U, 0);
+		} else {
+			syscall(SYS_close_range, 3, ~0U, 0);
+		}
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -56,6 +57,12 @@ void mount_plan_free(struct mount_plan *pl)
 	if (pl->log_fd >= 0)
 		close(pl->log_fd);
 	pl->log_fd = -1;
+	if (pl->lock_fd >= 0)
+		close(pl->lock_fd);
+	pl->lock_fd = -1;
+	if (pl->mp_fd >= 0)
+		close(pl->mp_fd);
+	pl->mp_fd = -1;
 }
 
 /* ================================ prepare ================================ */
@@ -202,7 +209,8 @@ static int build_argv(struct mount_plan *pl, unsigned timeout_ms, struct shim_er
 		a[n++] = xprintf("sbx:%s/%s", pl->bucket, pl->prefix);
 	else
 		a[n++] = xprintf("sbx:%s", pl->bucket);
-	a[n++] = xstrdup(pl->real);
+	/* the checked directory itself, not its path (which could be swapped since) */
+	a[n++] = pl->mp_fd >= 0 ? xprintf("/proc/self/fd/%d/.", MOUNT_POINT_FD) : xstrdup(pl->real);
 	a[n++] = xprintf("--config=%s/rclone.conf", pl->rundir);
 	a[n++] = xprintf("--cache-dir=%s/cache", pl->rundir);
 	/* defaults a client may override (later flags win) */
@@ -279,7 +287,10 @@ static int resolve_path(struct mount_plan *pl, struct shim_err *err)
 			rc = err_set(err, ENOTEMPTY, pl->path,
 				     "the mount point is not empty (ask for allow_non_empty to mount over it)");
 	}
-	close(fd);
+	if (rc == 0)
+		pl->mp_fd = fd; /* for rclone: the directory checked here */
+	else
+		close(fd);
 	return rc;
 }
 
@@ -309,6 +320,20 @@ int mount_prepare(struct mount_plan *pl, unsigned timeout_ms, struct shim_err *e
 		pl->rundir[0] = '\0';
 		goto fail;
 	}
+	/* held for the mount's life: a daemon starting meanwhile with the same state dir
+	 * leaves it alone (mount_sweep) */
+	pl->lock_fd = open(pl->rundir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat lst;
+	if (pl->lock_fd < 0 || flock(pl->lock_fd, LOCK_EX | LOCK_NB) < 0 || fstat(pl->lock_fd, &lst) < 0) {
+		err_set(err, errno, NULL, "cannot lock the mount's runtime dir");
+		goto fail;
+	}
+	if (lst.st_nlink == 0) {
+		/* another daemon's start-up sweep took it between mkdir and flock */
+		err_set(err, EAGAIN, NULL, "the mount's runtime dir was removed by another daemon's sweep: try again");
+		pl->rundir[0] = '\0';
+		goto fail;
+	}
 	char cache[PATH_MAX + 16];
 	snprintf(cache, sizeof(cache), "%s/cache", pl->rundir);
 	if (mkdir(cache, 0700) < 0) {
@@ -317,6 +342,18 @@ int mount_prepare(struct mount_plan *pl, unsigned timeout_ms, struct shim_err *e
 	}
 	if (write_config(pl, err) < 0)
 		goto fail;
+	/* where it is mounted, for the sweep after a crash (a dead FUSE mount is detached) */
+	char mpp[PATH_MAX + 16];
+	snprintf(mpp, sizeof(mpp), "%s/mountpoint", pl->rundir);
+	int mpf = open(mpp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	size_t rl = strlen(pl->real);
+	if (mpf < 0 || write(mpf, pl->real, rl) != (ssize_t)rl) {
+		err_set(err, errno ? errno : EIO, NULL, "cannot write the mount's runtime dir");
+		if (mpf >= 0)
+			close(mpf);
+		goto fail;
+	}
+	close(mpf);
 	char logp[PATH_MAX + 16];
 	snprintf(logp, sizeof(logp), "%s/rclone.log", pl->rundir);
 	pl->log_fd = open(logp, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -332,6 +369,9 @@ fail:
 		close(pl->log_fd);
 	pl->log_fd = -1;
 	mount_remove_files(pl->rundir, pl->real, pl->created_dir);
+	if (pl->lock_fd >= 0)
+		close(pl->lock_fd);
+	pl->lock_fd = -1;
 	pl->created_dir = false;
 	return -1;
 }
@@ -681,6 +721,131 @@ void mount_log_tail(const char *rundir, char *out, size_t size)
 		if ((unsigned char)*c < 0x20)
 			*c = ' ';
 	snprintf(out, size, "%s", j);
+}
+
+/* The start time (clock ticks since boot) of pid, 0 if it is gone or a zombie. */
+static unsigned long long start_time(pid_t pid)
+{
+	char p[64], buf[1024];
+	snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* after the ")" of the name: state is field 3, starttime field 22 */
+	char *s = strrchr(buf, ')');
+	if (s == NULL || s[1] != ' ' || s[2] == 'Z')
+		return 0;
+	unsigned long long v = 0;
+	char *tok = s + 2;
+	for (int field = 3; field < 22 && tok != NULL; field++) {
+		tok = strchr(tok, ' ');
+		if (tok != NULL)
+			tok++;
+	}
+	if (tok == NULL || sscanf(tok, "%llu", &v) != 1)
+		return 0;
+	return v;
+}
+
+void mount_record_pid(const char *rundir, pid_t pid)
+{
+	unsigned long long st = start_time(pid);
+	char p[PATH_MAX + 32], line[64];
+	snprintf(p, sizeof(p), "%s/rclone.pid", rundir);
+	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || st == 0) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	int n = snprintf(line, sizeof(line), "%d %llu\n", (int)pid, st);
+	if (write(fd, line, (size_t)n) != n)
+		log_debug("mount: cannot note rclone's pid in %s: %s", p, strerror(errno));
+	close(fd);
+}
+
+/* Sweep: the rclone a runtime dir names is gone (waited for up to 3 s: it got its
+ * parent-death signal with the daemon and may still be on its way out). False when
+ * it lives on, or nothing says which it was. */
+static bool rclone_gone(int rfd)
+{
+	int fd = openat(rfd, "rclone.pid", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	char buf[64];
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	int pid;
+	unsigned long long st;
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	if (sscanf(buf, "%d %llu", &pid, &st) != 2 || pid <= 0)
+		return false;
+	for (int i = 0; i < 150; i++) {
+		if (start_time(pid) != st)
+			return true; /* gone, a zombie, or the pid is another process's now */
+		sleep_ms(20);
+	}
+	return false;
+}
+
+unsigned mount_sweep(const char *state_dir)
+{
+	char dir[PATH_MAX];
+	if ((size_t)snprintf(dir, sizeof(dir), "%s/mounts", state_dir) >= sizeof(dir))
+		return 0;
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0)
+		return 0;
+	DIR *d = fdopendir(dfd);
+	if (d == NULL) {
+		close(dfd);
+		return 0;
+	}
+	unsigned removed = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		int fd = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+			close(fd); /* a live daemon's mount */
+			continue;
+		}
+		/* ours to remove: unlocked, or no directory at all. Its FUSE mount, if rclone
+		 * went with the daemon and left it dead (ENOTCONN), is detached first; a live
+		 * one (someone mounted there since) is left alone. */
+		char mp[PATH_MAX];
+		int mpf = fd >= 0 ? openat(fd, "mountpoint", O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+		ssize_t ml = mpf >= 0 ? read(mpf, mp, sizeof(mp) - 1) : -1;
+		if (mpf >= 0)
+			close(mpf);
+		if (ml > 0 && mp[0] == '/') {
+			mp[ml] = '\0';
+			if (mount_is_fuse(mp) && rclone_gone(fd) && mount_detach(mp) == 0)
+				log_warn("mount: detached the dead FUSE mount at %s, left by a daemon that is gone",
+					 mp);
+		}
+		struct shim_err err;
+		char what[PATH_MAX + 300];
+		snprintf(what, sizeof(what), "%s/%s", dir, e->d_name);
+		if (fs_remove_tree(dfd, e->d_name, false, what, &err) < 0 && err.code != ENOENT) {
+			log_warn("mount: cannot remove %s: %s: %s", what, err.msg, strerror(err.code));
+		} else {
+			log_info("mount: removed %s, left by a mount of a daemon that is gone", what);
+			removed++;
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	closedir(d);
+	return removed;
 }
 
 void mount_remove_files(const char *rundir, const char *real, bool created_dir)

@@ -112,8 +112,49 @@ static void progress_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	conn_send(j->st->conn, j->st->id, FRAME_EVENT, 0, buf, n);
 }
 
-static void bjob_start(struct bjob *j, struct stream *st, void (*async_cb)(struct ev_loop *, ev_async *, int),
-		       work_fn run, work_fn done)
+static void bjob_stop(struct bjob *j);
+
+/* Jobs on their threads, and the queue of those waiting for one of --max-jobs. */
+static unsigned jobs_threads;
+static struct bjob *queue_head, **queue_tail = &queue_head;
+
+static unsigned max_jobs(void)
+{
+	return srv != NULL && srv->cfg.max_jobs > 0 ? srv->cfg.max_jobs : BJOB_DEFAULT_MAX;
+}
+
+/* Start j on a thread of its own: 0, or -1 with j->err set (EAGAIN). */
+static int bjob_launch(struct bjob *j)
+{
+	if (worker_run_own(&j->work) < 0)
+		return err_set(&j->err, EAGAIN, NULL, "cannot start a thread for the job: %s", strerror(errno));
+	j->running = true;
+	jobs_threads++;
+	return 0;
+}
+
+/* A job's thread is done (or it never got one): start the next ones waiting. */
+static void bjob_release(struct bjob *j)
+{
+	if (j->running) {
+		j->running = false;
+		jobs_threads--;
+	}
+	while (queue_head != NULL && jobs_threads < max_jobs()) {
+		struct bjob *n = queue_head;
+		queue_head = n->qnext;
+		if (queue_head == NULL)
+			queue_tail = &queue_head;
+		n->queued = false;
+		if (bjob_launch(n) < 0) {
+			n->rc = -1;
+			n->work.done(&n->work); /* fails the stream, frees the job */
+		}
+	}
+}
+
+static int bjob_start(struct bjob *j, struct stream *st, void (*async_cb)(struct ev_loop *, ev_async *, int),
+		      work_fn run, work_fn done, struct shim_err *err)
 {
 	j->st = st;
 	j->loop = st->conn->srv->loop;
@@ -125,7 +166,20 @@ static void bjob_start(struct bjob *j, struct stream *st, void (*async_cb)(struc
 	ev_timer_start(j->loop, &j->timer);
 	j->work.run = run;
 	j->work.done = done;
-	worker_submit(&j->work);
+	if (jobs_threads < max_jobs() && queue_head == NULL) {
+		if (bjob_launch(j) < 0) {
+			*err = j->err;
+			bjob_stop(j);
+			return -1;
+		}
+		return 0;
+	}
+	/* every slot taken: wait on the loop, holding no thread */
+	j->queued = true;
+	j->qnext = NULL;
+	*queue_tail = j;
+	queue_tail = &j->qnext;
+	return 0;
 }
 
 /* The loop is done with the job's watchers (its run() has returned). */
@@ -149,6 +203,17 @@ static bool bjob_cancel(struct bjob *j)
 	pthread_mutex_unlock(&j->mu);
 	if (j->finished)
 		return true;
+	if (j->queued) {
+		/* never started: out of the queue, and nothing to wait for */
+		struct bjob **pp = &queue_head;
+		while (*pp != j)
+			pp = &(*pp)->qnext;
+		*pp = j->qnext;
+		if (queue_tail == &j->qnext)
+			queue_tail = pp;
+		j->queued = false;
+		return true;
+	}
 	/* a read stuck on a hung filesystem gets EINTR */
 	worker_interrupt(&j->work);
 	return false;
@@ -284,7 +349,11 @@ static void bk_pump(struct stream *st);
 static void bk_run_work(struct work *w)
 {
 	struct bk *b = container_of(w, struct bk, j.work);
-	b->j.rc = bk_run(b);
+	if (fs_ctx_settle(&b->j.fsx, &b->j.err) < 0 || fs_ctx_enter(&b->j.fsx, &b->j.err) < 0)
+		b->j.rc = -1;
+	else
+		b->j.rc = bk_run(b);
+	fs_ctx_leave();
 }
 
 /* Pack the record into a Result that fits in one frame of the connection: the lists
@@ -361,6 +430,7 @@ static void bk_done(struct work *w)
 {
 	struct bk *b = container_of(w, struct bk, j.work);
 	b->j.finished = true;
+	bjob_release(&b->j);
 	if (b->j.st == NULL) {
 		bjob_stop(&b->j);
 		bk_free(b);
@@ -543,13 +613,19 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 			goto fail;
 		}
 	}
+	if (fs_ctx_defer(req->fs, &b->j.fsx, err) < 0)
+		goto fail;
 	b->buf[0].state = BKB_FILLING;
 	sha256_init(&b->sha);
 	st->ops = &bk_ops;
 	st->op_data = b;
 	b->counted = true;
 	jobs_running++;
-	bjob_start(&b->j, st, bk_async_cb, bk_run_work, bk_done);
+	if (bjob_start(&b->j, st, bk_async_cb, bk_run_work, bk_done, err) < 0) {
+		st->ops = NULL;
+		st->op_data = NULL;
+		goto fail;
+	}
 	return 0;
 fail:
 	bk_free(b);
@@ -562,7 +638,10 @@ static void rs_free(struct rs *r)
 {
 	if (r->counted)
 		jobs_running--;
-	free(r->ring);
+	if (r->ring != NULL) {
+		budget_free(r->ring, r->cap);
+		budget_give(r->cap); /* op_restore's stream_reserve() */
+	}
 	free(r);
 }
 
@@ -739,7 +818,11 @@ static void rs_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 static void rs_run_work(struct work *w)
 {
 	struct rs *r = container_of(w, struct rs, j.work);
-	r->j.rc = rs_run(r);
+	if (fs_ctx_settle(&r->j.fsx, &r->j.err) < 0 || fs_ctx_enter(&r->j.fsx, &r->j.err) < 0)
+		r->j.rc = -1;
+	else
+		r->j.rc = rs_run(r);
+	fs_ctx_leave();
 }
 
 static void rs_done(struct work *w)
@@ -747,6 +830,7 @@ static void rs_done(struct work *w)
 	struct rs *r = container_of(w, struct rs, j.work);
 	struct stream *st = r->j.st;
 	r->j.finished = true;
+	bjob_release(&r->j);
 	r->j.st = NULL;
 	bjob_stop(&r->j);
 	if (st != NULL) {
@@ -819,21 +903,39 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 		 * the initial window, raised to RS_RING at once. A window of 256 KiB would
 		 * make the client wait for credit every few hundred microseconds. */
 		size_t ring = jobs_running > 0 ? RS_RING_MIN : RS_RING;
-		r->cap = st->recv_left > ring ? st->recv_left : ring;
-		r->ring = malloc(r->cap);
+		/* Counted in the daemon's budget: smaller when it is short (down to the
+		 * credit the client has already), and with not even that, refused (EAGAIN). */
+		size_t cap = st->recv_left > ring ? st->recv_left : ring;
+		for (;;) {
+			struct shim_err e;
+			if (stream_reserve(st, cap, cap <= st->recv_left ? err : &e) == 0)
+				break;
+			if (cap <= st->recv_left)
+				goto fail;
+			cap = cap / 4 > st->recv_left ? cap / 4 : st->recv_left;
+		}
+		r->ring = budget_alloc(cap);
 		if (r->ring == NULL) {
+			budget_give(cap);
 			err_set(err, ENOMEM, NULL, "out of memory");
 			goto fail;
 		}
+		r->cap = cap;
 		if (r->cap > st->recv_left)
 			stream_grant(st, (uint32_t)(r->cap - st->recv_left));
 	}
+	if (fs_ctx_defer(req->fs, &r->j.fsx, err) < 0)
+		goto fail;
 	sha256_init(&r->sha);
 	st->ops = r->has_from ? &rs_file_ops : &rs_ops;
 	st->op_data = r;
 	r->counted = true;
 	jobs_running++;
-	bjob_start(&r->j, st, rs_async_cb, rs_run_work, rs_done);
+	if (bjob_start(&r->j, st, rs_async_cb, rs_run_work, rs_done, err) < 0) {
+		st->ops = NULL;
+		st->op_data = NULL;
+		goto fail;
+	}
 	return 0;
 fail:
 	rs_free(r);

@@ -123,8 +123,12 @@ static int mkdir_parents(const struct fs_path *p, mode_t mode, struct shim_err *
 				return -1;
 			/* there already: fine if it is (or leads to) a directory; a
 			 * dangling symlink is "exists", a loop ELOOP */
-			if (fs_stat(&q, true, &st, err) < 0)
-				return err_set(err, err->code == ENOENT ? EEXIST : err->code, p->abs, "mkdir");
+			if (fs_stat(&q, true, &st, err) < 0) {
+				/* (fs_stat's message kept: a link refused says why) */
+				if (err->code != ENOENT)
+					return err_path(err, p->abs);
+				return err_set(err, EEXIST, p->abs, "mkdir");
+			}
 			if (!S_ISDIR(st.st_mode))
 				return err_set(err, last ? EEXIST : ENOTDIR, p->abs, "mkdir");
 		}
@@ -601,10 +605,23 @@ int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct 
 		return -1;
 	if (r->size > INT64_MAX)
 		return err_set(err, EFBIG, p.abs, "size %llu too large", (unsigned long long)r->size);
-	/* a directory fails here with EISDIR; a FIFO waits for a reader (cancellable) */
-	int cleanup_close fd = fs_open(&p, O_WRONLY | O_NOCTTY, 0, err);
+	/* a directory fails here with EISDIR. O_NONBLOCK: a FIFO without a reader fails at
+	 * once (ENXIO) instead of waiting for one on a worker; what is not a regular file
+	 * is refused unless the request allows it (op_fs_io.c) */
+	bool allow = r->has_allow_special && r->allow_special;
+	int cleanup_close fd = fs_open(&p, O_WRONLY | O_NOCTTY | O_NONBLOCK, 0, err);
+	struct stat st;
+	if (fd < 0 && err->code == ENXIO && !allow) {
+		struct shim_err e;
+		if (fs_stat(&p, true, &st, &e) == 0 && fs_special_kind(st.st_mode) != NULL)
+			return fs_refuse_special(err, p.abs, st.st_mode, "truncate");
+	}
 	if (fd < 0)
 		return -1;
+	if (fstat(fd, &st) < 0)
+		return err_set(err, errno, p.abs, "stat");
+	if (!S_ISREG(st.st_mode) && !allow)
+		return fs_refuse_special(err, p.abs, st.st_mode, "truncate");
 	if (ftruncate(fd, (off_t)r->size) < 0)
 		return err_set(err, errno, p.abs, "truncate");
 	return op_reply_done(reply, err);

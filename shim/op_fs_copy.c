@@ -1,5 +1,6 @@
 /* op_fs_copy.c: copying a file or a tree (copy_file_range), also behind rename across filesystems. */
 #include "fs.h"
+#include "fsctx.h"
 #include "ops.h"
 #include "util.h"
 
@@ -19,7 +20,8 @@ struct copy_ctx {
 	struct fs_copy_stats *stats;
 	const char *spath, *dpath; /* the client's paths, for errors */
 	struct shim_err *err;
-	bool owners;              /* running as root: keep uid/gid */
+	bool owners;              /* acting as root: keep uid/gid */
+	bool via_link;            /* the source was reached through a symlink: no set-id bits */
 	uint8_t *rwbuf;           /* allocated on first need */
 	struct fs_dirbuf *dirbuf; /* trees only */
 };
@@ -138,6 +140,8 @@ static int copy_file(struct copy_ctx *c, int sfd, int ddir, const char *dname, b
 		return err_set(c->err, errno, c->spath, "stat");
 	if (!S_ISREG(st.st_mode))
 		return err_set(c->err, EAGAIN, c->spath, "source changed type while being copied");
+	if (c->via_link)
+		st.st_mode &= (mode_t) ~(S_ISUID | S_ISGID);
 	int cleanup_close dfd = openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (dfd < 0)
 		return err_set(c->err, errno, c->dpath, "open");
@@ -399,7 +403,10 @@ int fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, i
 		.spath = spath,
 		.dpath = dpath,
 		.err = err,
-		.owners = geteuid() == 0,
+		/* acting as root (the request's identity, fsctx.h): a user cannot give
+		 * files away, so a copy made as a user is that user's */
+		.owners = fs_ctx_uid() == 0,
+		.via_link = sfd >= 0,
 	};
 	bool dir = S_ISDIR(st->st_mode);
 	char tmp[64];

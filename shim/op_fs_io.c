@@ -3,6 +3,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "fs.h"
+#include "fsctx.h"
 #include "journal.h"
 #include "log.h"
 #include "ops.h"
@@ -18,6 +19,28 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+/* ================================ special files ================================ */
+
+const char *fs_special_kind(unsigned m)
+{
+	if (S_ISFIFO(m))
+		return "a FIFO";
+	if (S_ISSOCK(m))
+		return "a socket";
+	if (S_ISCHR(m))
+		return "a character device";
+	if (S_ISBLK(m))
+		return "a block device";
+	return NULL;
+}
+
+int fs_refuse_special(struct shim_err *err, const char *path, unsigned m, const char *verb)
+{
+	const char *kind = fs_special_kind(m);
+	return err_set(err, EPERM, path, "%s: %s, not a regular file (allow_special to %s it)", verb,
+		       kind != NULL ? kind : "not a regular file", verb);
+}
 
 /* ================================ read ================================ */
 
@@ -35,8 +58,12 @@
  * client that granted exactly the file's size gets its END). A file that turns out to
  * have grown is read in whole chunks from then on, to a short read.
  *
- * FIFOs and sockets are read on the loop (non-blocking, like a command's output):
- * waiting for a writer, or for its bytes, is no work for a thread.
+ * A FIFO, a socket or a device is read only when the request allows special files
+ * (allow_special; else 1 EPERM naming the type, found with fstat of the fd opened with
+ * O_NONBLOCK, so that a planted FIFO never blocks the open). FIFOs, sockets and
+ * character devices are read on the loop (non-blocking, like a command's output):
+ * waiting for a writer, or for its bytes, is no work for a thread. (A device the
+ * kernel cannot poll, /dev/zero, is always ready to libev.)
  */
 #define READ_BUF BUDGET_POOLED
 #define READ_NBUF 2
@@ -66,12 +93,14 @@ struct rd_buf {
 struct rd {
 	struct stream *st; /* NULL once the stream has ended (or was cancelled) */
 	struct fs_path p;
-	struct work work; /* open, and at the end close */
+	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
+	struct work work;  /* open, and at the end close */
 	struct shim_err err;
 	int rc;
 	int fd;
 	bool seekable;
-	bool on_loop;       /* a FIFO or a socket: read on the loop, non-blocking */
+	bool allow_special; /* the request allows FIFOs, sockets and devices */
+	bool on_loop;       /* a FIFO, a socket or a character device: read on the loop, non-blocking */
 	bool sparse;        /* a regular file with fewer blocks than its size: look for holes */
 	bool opening;       /* the open job is in flight */
 	bool stop;          /* submit nothing more */
@@ -526,10 +555,17 @@ static void rd_open_run(struct work *w)
 	uint64_t offset = r->next;
 	r->rc = -1;
 	struct stat st;
+	/* the open as the request's identity; the reads of the open fd need none */
+	if (fs_ctx_settle(&r->fsx, &r->err) < 0 || fs_ctx_enter(&r->fsx, &r->err) < 0)
+		return;
 	if (offset > 0) {
 		/* before the open, which for a FIFO waits for a writer */
 		if (fs_stat(&r->p, true, &st, &r->err) < 0)
 			return;
+		if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && !r->allow_special) {
+			fs_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
+			return;
+		}
 		if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
 			err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
 			return;
@@ -538,8 +574,14 @@ static void rd_open_run(struct work *w)
 	/* O_NONBLOCK: a FIFO opens at once, writer or not (the loop waits for one, see
 	 * rd_loop_pump); for what is read on a worker it is taken off again below */
 	int cleanup_close fd = fs_open(&r->p, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, &r->err);
-	if (fd < 0)
+	if (fd < 0) {
+		/* a socket file (ENXIO) not allowed: name it rather than the open's errno */
+		struct shim_err e;
+		if (r->err.code == ENXIO && !r->allow_special && fs_stat(&r->p, true, &st, &e) == 0 &&
+		    fs_special_kind(st.st_mode) != NULL)
+			fs_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
 		return;
+	}
 	if (fstat(fd, &st) < 0) {
 		err_set(&r->err, errno, r->p.abs, "stat");
 		return;
@@ -548,8 +590,12 @@ static void rd_open_run(struct work *w)
 		err_set(&r->err, EISDIR, r->p.abs, "read");
 		return;
 	}
+	if (!S_ISREG(st.st_mode) && !r->allow_special) {
+		fs_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
+		return;
+	}
 	r->seekable = S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
-	r->on_loop = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
+	r->on_loop = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISCHR(st.st_mode);
 	if (!r->seekable && offset > 0) {
 		err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
 		return;
@@ -616,7 +662,13 @@ int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 		budget_give(sizeof(*r));
 		return -1;
 	}
+	if (fs_ctx_defer(req->fs, &r->fsx, err) < 0) {
+		free(r);
+		budget_give(sizeof(*r));
+		return -1;
+	}
 	r->fd = -1;
+	r->allow_special = q->has_allow_special && q->allow_special;
 	r->next = q->has_offset ? q->offset : 0;
 	r->end = UINT64_MAX;
 	if (q->has_length && q->length < UINT64_MAX - r->next)
@@ -666,12 +718,22 @@ struct wr {
 	struct shim_err err;
 
 	struct fs_path p;
-	bool append, exclusive, parents, in_place, has_mode;
+	bool append, exclusive, parents, in_place, has_mode, allow_special;
 	mode_t mode;
+	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
 
 	int fd;
 	bool positional; /* pwrite at off (a regular file, not O_APPEND) */
-	bool created;    /* in place: we created the file */
+	/* an allowed FIFO, socket or character device: written on the loop, non-blocking
+	 * (a reader that does not read holds no thread) */
+	bool on_loop;
+	ev_io io;
+	/* an allowed FIFO without a reader: the open is tried again from a timer (no
+	 * thread waits for the reader) */
+	bool wait_reader;
+	ev_timer retry;
+	double retry_s;
+	bool created; /* in place: we created the file */
 	/* atomic: the parent directory (O_PATH), the final name, the temp file */
 	int dfd;
 	char name[NAME_MAX + 1];
@@ -679,6 +741,7 @@ struct wr {
 	bool tmp_made;
 	struct journal_entry *jent;
 	bool existed;
+	bool via_link; /* the target was reached through a symlink: its set-id bits are not kept */
 	struct stat old;
 
 	/* Bytes received and not yet written: a ring no larger than the credit we
@@ -696,8 +759,10 @@ static void wr_submit(struct wr *w, enum wr_job job);
 
 static void wr_free(struct wr *w)
 {
-	free(w->ring);
+	size_t held = sizeof(*w) + w->cap; /* op_fs_write's stream_reserve() */
+	budget_free(w->ring, w->cap);
 	free(w);
+	budget_give(held);
 }
 
 /* Worker side: drop the temp file, the journal entry and the fds. Idempotent. */
@@ -720,6 +785,14 @@ static void wr_release(struct wr *w)
 static int wr_fail(struct wr *w, int code, const char *what)
 {
 	err_set(&w->err, code, w->p.abs, "%s", what);
+	wr_release(w);
+	return -1;
+}
+
+/* The same with w->err as fs_open or fs_open_parent left it (their message says which
+ * symlink was not followed, and why). */
+static int wr_fail_kept(struct wr *w)
+{
 	wr_release(w);
 	return -1;
 }
@@ -762,10 +835,12 @@ static int mkdir_parents(const struct fs_path *p, struct shim_err *err)
 }
 
 /* append / no_atomic, and files that cannot be replaced (devices, FIFOs): open the
- * file itself. */
+ * file itself. O_NONBLOCK: a FIFO without a reader fails the open at once (ENXIO)
+ * instead of holding the thread; what is not a regular file is refused unless the
+ * request allows special files. */
 static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 {
-	int flags = O_WRONLY | O_NOCTTY | (append ? O_APPEND : 0) | (trunc ? O_TRUNC : 0);
+	int flags = O_WRONLY | O_NOCTTY | O_NONBLOCK | (append ? O_APPEND : 0) | (trunc ? O_TRUNC : 0);
 	/* Try to create first, so that we know whether the file is new (it then gets
 	 * the requested mode or 0644, whatever the umask). */
 	for (int tries = 0; tries < 3; tries++) {
@@ -775,17 +850,46 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 			break;
 		}
 		if (w->err.code != EEXIST || w->exclusive)
-			return wr_fail(w, w->err.code, "open");
+			return wr_fail_kept(w);
 		w->fd = fs_open(&w->p, flags, 0, &w->err);
 		if (w->fd >= 0 || w->err.code != ENOENT)
 			break;
 		/* removed in between (or a dangling symlink): try again */
 	}
-	if (w->fd < 0)
-		return wr_fail(w, w->err.code, "open");
 	struct stat st;
+	if (w->fd < 0 && w->err.code == ENXIO) {
+		/* a FIFO without a reader (or a socket file): name it */
+		struct shim_err e;
+		if (fs_stat(&w->p, true, &st, &e) == 0 && fs_special_kind(st.st_mode) != NULL) {
+			if (!w->allow_special) {
+				fs_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+				wr_release(w);
+				return -1;
+			}
+			if (S_ISFIFO(st.st_mode)) {
+				/* no reader yet: the loop tries again in a while */
+				w->wait_reader = true;
+				wr_release(w);
+				w->released = false;
+				return 0;
+			}
+		}
+	}
+	if (w->fd < 0)
+		return wr_fail_kept(w);
 	if (fstat(w->fd, &st) < 0)
 		return wr_fail(w, errno, "stat");
+	if (!S_ISREG(st.st_mode) && !w->allow_special) {
+		fs_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+		wr_release(w);
+		return -1;
+	}
+	w->on_loop = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISCHR(st.st_mode);
+	if (!w->on_loop) {
+		int fl = fcntl(w->fd, F_GETFL);
+		if (fl < 0 || fcntl(w->fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+			return wr_fail(w, errno, "fcntl");
+	}
 	/* Positional writes only where the kernel takes them: a proc file (and other
 	 * seq_file ones) is S_ISREG but refuses pwrite with ESPIPE, so it is written
 	 * sequentially from where the open left it, as a FIFO or a device is. A pwritev
@@ -838,23 +942,43 @@ static int wr_check_target(struct wr *w)
 		if (tfd < 0) {
 			if (e.code == ENOENT)
 				return 0;
-			return wr_fail(w, e.code, "open");
+			/* (fs_open's message: a link not followed says which and why) */
+			w->err = e;
+			wr_release(w);
+			return -1;
 		}
+		struct stat tst;
 		struct fs_path q;
+		if (fstat(tfd, &tst) < 0)
+			return wr_fail(w, errno, "stat");
 		if (fs_fd_path(tfd, q.abs, sizeof(q.abs), &e) < 0)
 			return wr_fail(w, e.code, "resolve the symlink");
 		q.len = strlen(q.abs);
 		close(w->dfd);
 		w->dfd = fs_open_parent(&q, w->name, &e);
-		if (w->dfd < 0)
-			return wr_fail(w, e.code, "open parent directory");
+		if (w->dfd < 0) {
+			err_set(&w->err, e.code, w->p.abs, "%s", e.msg);
+			return wr_fail_kept(w);
+		}
 		if (fstatat(w->dfd, w->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			return wr_fail(w, errno, "stat");
+		/* the file the link's owner was checked against (fs_open), not another
+		 * one put there since */
+		if (st.st_dev != tst.st_dev || st.st_ino != tst.st_ino)
+			return wr_fail(w, EAGAIN, "the symlink's target changed while being resolved");
+		w->via_link = true;
 	}
 	if (S_ISDIR(st.st_mode))
 		return wr_fail(w, EISDIR, "write");
-	if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
-		return 1; /* replacing /dev/null with a file would be a surprise */
+	if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+		/* replacing /dev/null with a file would be a surprise: in place, if allowed */
+		if (!w->allow_special) {
+			fs_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+			wr_release(w);
+			return -1;
+		}
+		return 1;
+	}
 	/* A file bind-mounted over the name (a container's /etc/hosts) cannot be
 	 * renamed over (EBUSY): it can only be written in place. (Kernels before 5.8
 	 * do not tell: the rename then fails with EBUSY.) */
@@ -864,6 +988,8 @@ static int wr_check_target(struct wr *w)
 		return 1;
 	w->existed = S_ISREG(st.st_mode);
 	w->old = st;
+	if (w->via_link)
+		w->old.st_mode &= (mode_t) ~(S_ISUID | S_ISGID);
 	return 0;
 }
 
@@ -871,7 +997,7 @@ static int wr_open_atomic(struct wr *w)
 {
 	w->dfd = fs_open_parent(&w->p, w->name, &w->err);
 	if (w->dfd < 0)
-		return wr_fail(w, w->err.code, "open parent directory");
+		return wr_fail_kept(w);
 	if (strcmp(w->name, ".") == 0 || strcmp(w->name, "..") == 0 || w->p.abs[w->p.len - 1] == '/')
 		return wr_fail(w, EISDIR, "write");
 	int rc = wr_check_target(w);
@@ -970,8 +1096,11 @@ static void wr_commit_run(struct wr *w)
 	w->rc = -1;
 	if (w->tmp_made) {
 		/* owner before mode: chown clears set-id bits */
-		if (w->existed && geteuid() == 0 && fchown(w->fd, w->old.st_uid, w->old.st_gid) < 0 && errno != EPERM &&
-		    errno != EINVAL) {
+		/* the old file's owner, when the operation acts as root (a user cannot
+		 * give a file away: the new file is then the acting user's, as it would
+		 * be for that user's own editor) */
+		if (w->existed && fs_ctx_uid() == 0 && fchown(w->fd, w->old.st_uid, w->old.st_gid) < 0 &&
+		    errno != EPERM && errno != EINVAL) {
 			wr_fail(w, errno, "chown temp file");
 			return;
 		}
@@ -1045,6 +1174,13 @@ static void wr_commit_run(struct wr *w)
 static void wr_run(struct work *wk)
 {
 	struct wr *w = container_of(wk, struct wr, work);
+	/* every job as the request's identity: the temp file is created as it (and so
+	 * owned by it, no chown after), renamed and removed as it */
+	if ((w->job == WJ_OPEN && fs_ctx_settle(&w->fsx, &w->err) < 0) || fs_ctx_enter(&w->fsx, &w->err) < 0) {
+		w->rc = -1;
+		wr_release(w);
+		return;
+	}
 	switch (w->job) {
 	case WJ_OPEN:
 		wr_open_run(w);
@@ -1066,10 +1202,16 @@ static void wr_run(struct work *wk)
 	}
 }
 
+static void wr_loop_write(struct wr *w);
+
 static void wr_pump(struct wr *w)
 {
 	if (w->busy || !w->opened)
 		return;
+	if (w->on_loop) {
+		wr_loop_write(w);
+		return;
+	}
 	if (w->len > 0) {
 		w->job_len = w->len;
 		wr_submit(w, w->fin ? WJ_WRITE_COMMIT : WJ_WRITE);
@@ -1116,7 +1258,17 @@ static void wr_done(struct work *wk)
 	}
 	switch (w->job) {
 	case WJ_OPEN:
+		if (w->wait_reader) {
+			/* a FIFO without a reader: again soon, less often as the wait goes on */
+			w->wait_reader = false;
+			w->retry_s = w->retry_s <= 0 ? 0.005 : w->retry_s * 2 > 0.1 ? 0.1 : w->retry_s * 2;
+			ev_timer_set(&w->retry, w->retry_s, 0);
+			ev_timer_start(srv->loop, &w->retry);
+			return;
+		}
 		w->opened = true;
+		if (w->on_loop)
+			ev_io_set(&w->io, w->fd, EV_WRITE);
 		break;
 	case WJ_WRITE:
 		w->head = (w->head + w->job_len) % w->cap;
@@ -1147,6 +1299,66 @@ static void wr_submit(struct wr *w, enum wr_job job)
 	worker_submit(&w->work);
 }
 
+/* ---- FIFOs, sockets and character devices, on the loop ---- */
+
+/* Write what the ring holds, non-blocking; on EAGAIN wait for the fd to be writable.
+ * The commit (fsync, which such a file mostly refuses) goes to a worker at the end. */
+static void wr_loop_write(struct wr *w)
+{
+	while (w->len > 0) {
+		struct iovec iov[2];
+		int n = 1;
+		iov[0].iov_base = w->ring + w->head;
+		iov[0].iov_len = w->len < w->cap - w->head ? w->len : w->cap - w->head;
+		if (iov[0].iov_len < w->len) {
+			iov[1].iov_base = w->ring;
+			iov[1].iov_len = w->len - iov[0].iov_len;
+			n = 2;
+		}
+		ssize_t k = writev(w->fd, iov, n);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				ev_io_start(srv->loop, &w->io);
+				return;
+			}
+			struct stream *st = w->st;
+			w->st = NULL;
+			err_set(&w->err, errno, w->p.abs, "write");
+			ev_io_stop(srv->loop, &w->io);
+			stream_fail(st, &w->err);
+			wr_submit(w, WJ_CLOSE); /* and then freed */
+			return;
+		}
+		w->head = (w->head + (size_t)k) % w->cap;
+		w->len -= (size_t)k;
+		w->total += (uint64_t)k;
+		stream_grant(w->st, (uint32_t)k);
+	}
+	ev_io_stop(srv->loop, &w->io);
+	if (w->fin)
+		wr_submit(w, WJ_COMMIT);
+}
+
+static void wr_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct wr *w = container_of(t, struct wr, retry);
+	if (w->st != NULL && !w->busy)
+		wr_submit(w, WJ_OPEN);
+}
+
+static void wr_io_cb(struct ev_loop *loop, ev_io *io, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct wr *w = container_of(io, struct wr, io);
+	if (w->st != NULL && !w->busy)
+		wr_loop_write(w);
+}
+
 static int wr_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
 	struct wr *w = st->op_data;
@@ -1167,6 +1379,9 @@ static void wr_cancel(struct stream *st)
 {
 	struct wr *w = st->op_data;
 	w->st = NULL;
+	if (w->on_loop)
+		ev_io_stop(srv->loop, &w->io);
+	ev_timer_stop(srv->loop, &w->retry);
 	if (w->busy) {
 		/* wr_done cleans up when the job is back; an open of a FIFO returns now */
 		worker_interrupt(&w->work);
@@ -1185,13 +1400,21 @@ int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err
 		return -1;
 	if (q->has_mode && (q->mode & ~07777u) != 0)
 		return err_set(err, EINVAL, p.abs, "mode %#o has bits beyond 07777", q->mode);
+	/* The ring is as large as the credit the client has from the start: counted in
+	 * the daemon's budget with the state, or the write is refused with EAGAIN (a
+	 * client's 255 writes into a FIFO nobody reads would hold 64 MiB otherwise). */
+	size_t cap = st->recv_left > 0 ? st->recv_left : 1;
+	if (stream_reserve(st, sizeof(struct wr) + cap, err) < 0)
+		return -1;
 	struct wr *w = calloc(1, sizeof(*w));
-	if (w == NULL)
+	if (w == NULL) {
+		budget_give(sizeof(struct wr) + cap);
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	w->cap = st->recv_left > 0 ? st->recv_left : 1;
-	w->ring = malloc(w->cap);
+	}
+	w->cap = cap;
+	w->ring = budget_alloc(w->cap);
 	if (w->ring == NULL) {
-		free(w);
+		wr_free(w);
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
 	w->p = p;
@@ -1201,6 +1424,13 @@ int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err
 	w->in_place = w->append || (q->has_no_atomic && q->no_atomic);
 	w->has_mode = q->has_mode;
 	w->mode = (mode_t)q->mode;
+	w->allow_special = q->has_allow_special && q->allow_special;
+	if (fs_ctx_defer(req->fs, &w->fsx, err) < 0) {
+		wr_free(w);
+		return -1;
+	}
+	ev_init(&w->io, wr_io_cb);
+	ev_init(&w->retry, wr_retry_cb);
 	w->fd = w->dfd = -1;
 	w->st = st;
 	w->work.run = wr_run;

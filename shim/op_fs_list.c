@@ -2,6 +2,7 @@
 #include "budget.h"
 #include "conn.h"
 #include "fs.h"
+#include "fsctx.h"
 #include "ops.h"
 #include "util.h"
 #include "worker.h"
@@ -72,11 +73,15 @@ struct lister {
 	bool finished;     /* the walk is complete: send FIN and END after this batch */
 	bool closing;      /* cancelled between batches: the job only closes the fds */
 	struct fs_path path;
-	size_t base_len; /* path.abs without trailing slashes ("/" -> 0) */
-	unsigned depth;  /* 0: unlimited */
+	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
+	size_t base_len;   /* path.abs without trailing slashes ("/" -> 0) */
+	unsigned depth;    /* 0: unlimited */
 	bool follow, hidden;
 	struct level lv[LIST_MAX_LEVELS];
 	unsigned nlv;
+	/* the levels' getdents buffers: what they are now (changed by the job, read on
+	 * the loop once it is back) and what the daemon's budget counts of them */
+	size_t dents_held, dents_counted;
 	char rel[PATH_MAX];
 	uint8_t *out; /* the batch: LIST_BATCH + LIST_ENTRY_MAX bytes */
 	size_t out_len, out_sent;
@@ -85,23 +90,38 @@ struct lister {
 	struct shim_err err;
 };
 
-static void level_close(struct level *l)
+static void level_close(struct lister *ls, struct level *l)
 {
 	if (l->fd >= 0)
 		close(l->fd);
 	l->fd = -1;
+	if (l->buf != NULL)
+		ls->dents_held -= l->cap;
 	free(l->buf);
 	l->buf = NULL;
 }
 
 /* What a listing holds from its start, counted in the daemon's budget: its state and
- * its batch buffer (the levels' getdents buffers, a few kB each, are not counted). */
+ * its batch buffer. The levels' getdents buffers (32 kB for the top, 4 kB for each
+ * level below, up to LIST_MAX_LEVELS) are counted as they come and go, each time a job
+ * is back on the loop (list_count): at most about 1 MiB ahead of the count. */
 #define LIST_HELD (sizeof(struct lister) + LIST_OUT)
+
+/* On the loop: the budget counts what the levels' buffers are now. */
+static void list_count(struct lister *l)
+{
+	if (l->dents_held > l->dents_counted)
+		budget_take(l->dents_held - l->dents_counted);
+	else
+		budget_give(l->dents_counted - l->dents_held);
+	l->dents_counted = l->dents_held;
+}
 
 static void list_free(struct lister *l)
 {
 	while (l->nlv > 0)
-		level_close(&l->lv[--l->nlv]);
+		level_close(l, &l->lv[--l->nlv]);
+	budget_give(l->dents_counted);
 	budget_free(l->out, LIST_OUT);
 	free(l);
 	budget_give(LIST_HELD);
@@ -153,6 +173,7 @@ static int push_level(struct lister *l, int fd, const struct stat *st, size_t re
 		close(fd);
 		return err_set(&l->err, ENOMEM, NULL, "out of memory");
 	}
+	l->dents_held += n->cap;
 	l->nlv++;
 	return 0;
 }
@@ -299,7 +320,7 @@ static int list_batch(struct lister *l)
 				return fail_at(l, errno, NULL, "read directory");
 			}
 			if (n == 0) {
-				level_close(top);
+				level_close(l, top);
 				l->nlv--;
 				continue;
 			}
@@ -324,10 +345,16 @@ static int list_batch(struct lister *l)
 static void list_run(struct work *w)
 {
 	struct lister *l = container_of(w, struct lister, work);
-	l->rc = l->closing ? -1 : list_batch(l);
+	/* each batch opens directories: as the request's identity (one job at a time) */
+	if (l->closing)
+		l->rc = -1;
+	else if (fs_ctx_settle(&l->fsx, &l->err) < 0 || fs_ctx_enter(&l->fsx, &l->err) < 0)
+		l->rc = -1;
+	else
+		l->rc = list_batch(l);
 	if (l->rc < 0) {
 		while (l->nlv > 0)
-			level_close(&l->lv[--l->nlv]);
+			level_close(l, &l->lv[--l->nlv]);
 	}
 }
 
@@ -337,6 +364,7 @@ static void list_done(struct work *w)
 {
 	struct lister *l = container_of(w, struct lister, work);
 	l->busy = false;
+	list_count(l);
 	struct stream *st = l->st;
 	if (st == NULL) {
 		list_free(l);
@@ -429,6 +457,10 @@ int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	l->depth = r->has_depth ? r->depth : 1;
 	l->follow = r->has_follow_symlinks && r->follow_symlinks;
 	l->hidden = r->has_hidden && r->hidden;
+	if (fs_ctx_defer(req->fs, &l->fsx, err) < 0) {
+		list_free(l);
+		return -1;
+	}
 	l->st = st;
 	l->work.run = list_run;
 	l->work.done = list_done;

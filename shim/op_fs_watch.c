@@ -2,6 +2,7 @@
 #include "budget.h"
 #include "conn.h"
 #include "fs.h"
+#include "fsctx.h"
 #include "log.h"
 #include "ops.h"
 #include "server.h"
@@ -43,6 +44,14 @@
  * its new path; one moved out loses them; one moved in gets watches (no events for
  * what it holds). A directory that cannot be watched later (permissions, the
  * inotify watch limit) makes the stream report OVERFLOW: events may be missing.
+ *
+ * Caps: a stream holds at most max_watches inotify watches (the request's, at most
+ * the daemon's --max-watches, default 8192), and every stream together at most
+ * --max-watches-total (default 65536), counted exactly (a reservation before each
+ * inotify_add_watch, any thread). A recursive watch that reaches either sends one
+ * OVERFLOW and stops adding watches: the rest of the tree, and directories made
+ * later, go unwatched for the life of the stream (events there are missed). A new
+ * watch whose first watch finds the daemon's total used up fails with ENOSPC.
  *
  * The stream ends on cancel, or when the watched path itself goes away: DELETE_SELF,
  * then DATA FIN and END Result.done. A move of the watched path itself is not
@@ -94,6 +103,7 @@ struct move {
 struct watcher {
 	struct work work;
 	struct stream *st; /* NULL once the stream is gone: done() frees */
+	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
 	struct ev_loop *loop;
 	ev_io io;
 	int ifd;
@@ -108,7 +118,9 @@ struct watcher {
 
 	struct wnode *map[WATCH_BUCKETS];
 	unsigned nwatch;
-	struct todo *todo, *todo_tail; /* collected by the loop */
+	unsigned max_watches, max_total; /* this stream's cap, and the daemon's */
+	bool capped;                     /* a cap was reached: no more watches are added */
+	struct todo *todo, *todo_tail;   /* collected by the loop */
 	unsigned ntodo;
 	struct todo *jobs; /* taken by the running job */
 
@@ -153,7 +165,31 @@ static struct wnode *map_get(struct watcher *w, int wd)
 	return *map_slot(w, wd);
 }
 
-/* Set wd's path (a wd seen again, e.g. a directory moved back in, gets the new path). */
+/* Watches of every stream together (reserved before inotify_add_watch, by workers
+ * and released on the loop: atomic). */
+static unsigned watch_total;
+
+/* Room for one more watch under both caps: reserves it in watch_total. */
+static bool watch_reserve(struct watcher *w)
+{
+	if (w->nwatch >= w->max_watches)
+		return false;
+	unsigned cur = __atomic_load_n(&watch_total, __ATOMIC_RELAXED);
+	do {
+		if (cur >= w->max_total)
+			return false;
+	} while (!__atomic_compare_exchange_n(&watch_total, &cur, cur + 1, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	return true;
+}
+
+static void watch_release(unsigned n)
+{
+	__atomic_sub_fetch(&watch_total, n, __ATOMIC_RELAXED);
+}
+
+/* Set wd's path (a wd seen again, e.g. a directory moved back in, gets the new path).
+ * 1: a new watch (its reservation is kept), 0: a known wd (the reservation given back
+ * by the caller), -1: ENOMEM. */
 static int map_put(struct watcher *w, int wd, const char *path, size_t len)
 {
 	struct wnode *n = malloc(sizeof(*n) + len + 1);
@@ -164,6 +200,7 @@ static int map_put(struct watcher *w, int wd, const char *path, size_t len)
 	memcpy(n->path, path, len);
 	n->path[len] = '\0';
 	struct wnode **pp = map_slot(w, wd);
+	int fresh = *pp == NULL;
 	if (*pp != NULL) {
 		n->next = (*pp)->next;
 		free(*pp);
@@ -172,7 +209,7 @@ static int map_put(struct watcher *w, int wd, const char *path, size_t len)
 		w->nwatch++;
 	}
 	*pp = n;
-	return 0;
+	return fresh;
 }
 
 static void map_del(struct watcher *w, int wd)
@@ -184,6 +221,7 @@ static void map_del(struct watcher *w, int wd)
 	*pp = n->next;
 	free(n);
 	w->nwatch--;
+	watch_release(1);
 }
 
 static bool under(const char *path, size_t len, const char *dir, size_t dlen)
@@ -231,6 +269,7 @@ static void map_remove_tree(struct watcher *w, const char *dir, size_t dlen)
 			*pp = o->next;
 			free(o);
 			w->nwatch--;
+			watch_release(1);
 		}
 	}
 }
@@ -386,6 +425,8 @@ static void watch_free(struct watcher *w)
 		ev_io_stop(w->loop, &w->io);
 	if (w->ifd >= 0)
 		close_on_worker(w->ifd);
+	watch_release(w->nwatch);
+	w->nwatch = 0;
 	for (unsigned b = 0; b < WATCH_BUCKETS; b++) {
 		while (w->map[b] != NULL) {
 			struct wnode *n = w->map[b];
@@ -426,6 +467,42 @@ static int add_watch_fd(int ifd, int fd)
 	char proc[64];
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
 	return inotify_add_watch(ifd, proc, WATCH_MASK);
+}
+
+/* add_watch_fd() within the caps. -1 with errno (EDQUOT: a cap is reached). */
+static int add_watch_capped(struct watcher *w, int fd)
+{
+	if (!watch_reserve(w)) {
+		errno = EDQUOT;
+		return -1;
+	}
+	int wd = add_watch_fd(w->ifd, fd);
+	if (wd < 0) {
+		int e = errno;
+		watch_release(1);
+		errno = e;
+	}
+	return wd;
+}
+
+/* map_put() after add_watch_capped(): a known wd gives its reservation back. */
+static int map_put_new(struct watcher *w, int wd, const char *path, size_t len)
+{
+	int r = map_put(w, wd, path, len);
+	if (r <= 0)
+		watch_release(1);
+	return r < 0 ? -1 : 0;
+}
+
+/* A cap was reached: one OVERFLOW, and no more watches for this stream. */
+static void watch_capped(struct watcher *w)
+{
+	if (!w->capped)
+		log_info("watch %s: %u inotify watches: a cap is reached (--max-watches %u, --max-watches-total %u); "
+			 "reporting OVERFLOW, no more directories are watched",
+			 w->path.abs, w->nwatch, w->max_watches, w->max_total);
+	w->capped = true;
+	w->syn_overflow = true;
 }
 
 static int watch_errno(struct shim_err *err, int code, const char *path, const char *what)
@@ -516,12 +593,18 @@ static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool 
 				w->syn_overflow = true;
 				continue;
 			}
+			if (w->capped)
+				return 0;
 			int cfd = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			int wd = cfd < 0 ? -1 : add_watch_fd(w->ifd, cfd);
+			int wd = cfd < 0 ? -1 : add_watch_capped(w, cfd);
 			if (wd < 0) {
 				int e = errno;
 				if (cfd >= 0)
 					close(cfd);
+				if (cfd >= 0 && e == EDQUOT) {
+					watch_capped(w);
+					return 0;
+				}
 				if (e == ENOENT || e == ENOTDIR || e == ELOOP)
 					continue; /* gone or replaced meanwhile */
 				if (strict)
@@ -530,7 +613,7 @@ static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool 
 				w->syn_overflow = true;
 				continue;
 			}
-			if (map_put(w, wd, child, clen) < 0) {
+			if (map_put_new(w, wd, child, clen) < 0) {
 				close(cfd);
 				return err_set(&w->err, ENOMEM, NULL, "out of memory");
 			}
@@ -571,11 +654,14 @@ static int watch_start(struct watcher *w)
 	if (fstat(pfd, &st) < 0)
 		return err_set(&w->err, errno, w->path.abs, "stat");
 	w->root_is_dir = S_ISDIR(st.st_mode);
-	int wd = add_watch_fd(w->ifd, pfd);
+	int wd = add_watch_capped(w, pfd);
+	if (wd < 0 && errno == EDQUOT)
+		return err_set(&w->err, ENOSPC, w->path.abs,
+			       "the daemon's inotify watches are all in use (--max-watches-total %u)", w->max_total);
 	if (wd < 0)
 		return watch_errno(&w->err, errno, w->path.abs, "inotify_add_watch");
 	w->root_wd = wd;
-	if (map_put(w, wd, w->path.abs, w->root_len) < 0)
+	if (map_put_new(w, wd, w->path.abs, w->root_len) < 0)
 		return err_set(&w->err, ENOMEM, NULL, "out of memory");
 	if (!w->recursive || !w->root_is_dir)
 		return 0;
@@ -588,7 +674,7 @@ static int watch_start(struct watcher *w)
 /* Later jobs: directories that appeared under a recursive watch. */
 static void watch_add_dirs(struct watcher *w)
 {
-	for (struct todo *t = w->jobs; t != NULL && !worker_cancelled(&w->work); t = t->next) {
+	for (struct todo *t = w->jobs; t != NULL && !worker_cancelled(&w->work) && !w->capped; t = t->next) {
 		struct fs_path p;
 		if (t->len >= sizeof(p.abs)) {
 			w->syn_overflow = true;
@@ -598,16 +684,20 @@ static void watch_add_dirs(struct watcher *w)
 		p.len = t->len;
 		struct shim_err e;
 		int fd = fs_open(&p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0, &e);
-		int wd = fd < 0 ? -1 : add_watch_fd(w->ifd, fd);
+		int wd = fd < 0 ? -1 : add_watch_capped(w, fd);
 		if (wd < 0) {
 			int code = fd < 0 ? e.code : errno;
 			if (fd >= 0)
 				close(fd);
+			if (fd >= 0 && code == EDQUOT) {
+				watch_capped(w);
+				return;
+			}
 			if (code != ENOENT && code != ENOTDIR && code != ELOOP)
 				w->syn_overflow = true;
 			continue;
 		}
-		if (map_put(w, wd, t->path, t->len) < 0) {
+		if (map_put_new(w, wd, t->path, t->len) < 0) {
 			close(fd);
 			w->syn_overflow = true;
 			continue;
@@ -623,6 +713,15 @@ static void watch_run(struct work *wk)
 {
 	struct watcher *w = container_of(wk, struct watcher, work);
 	w->rc = 0;
+	/* the watched path and the directories added later are opened (and watched:
+	 * inotify wants read permission) as the request's identity */
+	if (fs_ctx_settle(&w->fsx, &w->err) < 0 || fs_ctx_enter(&w->fsx, &w->err) < 0) {
+		if (!w->started)
+			w->rc = -1;
+		else
+			w->syn_overflow = true; /* the new directories go unwatched: say so */
+		return;
+	}
 	if (!w->started) {
 		w->rc = watch_start(w);
 		return;
@@ -715,6 +814,8 @@ static const char *join(struct watcher *w, const struct wnode *dir, const char *
 
 static void todo_add(struct watcher *w, const char *path, size_t len, bool created)
 {
+	if (w->capped)
+		return; /* OVERFLOW was sent: directories made now go unwatched */
 	if (w->ntodo >= WATCH_TODO_MAX) {
 		w->overflow = true;
 		return;
@@ -987,6 +1088,14 @@ int op_fs_watch(struct stream *st, const Shim__V1__Request *req, struct shim_err
 	w->path.abs[w->root_len] = '\0';
 	w->path.len = w->root_len;
 	w->recursive = r->has_recursive && r->recursive;
+	w->max_total = st->conn->srv->cfg.max_watches_total;
+	w->max_watches = st->conn->srv->cfg.max_watches;
+	if (r->has_max_watches && r->max_watches > 0 && r->max_watches < w->max_watches)
+		w->max_watches = r->max_watches;
+	if (fs_ctx_defer(req->fs, &w->fsx, err) < 0) {
+		free(w);
+		return -1;
+	}
 	w->ifd = -1;
 	w->root_wd = -1;
 	w->loop = st->conn->srv->loop;

@@ -96,6 +96,7 @@ struct mount {
 	char fusermount[PATH_MAX];
 	pid_t fm_pid; /* fusermount3 -u, while it runs */
 	int fm_log;   /* its stderr: rclone's log */
+	int lock_fd;  /* the runtime dir's flock (mount_sweep), until CLEANUP removed it */
 	ev_timer fm_timer;
 	bool detached; /* unmount: the mount is off the path; rclone may go */
 	/* starting: the preflight (rclone lsf), and the deadline of the whole start */
@@ -172,6 +173,8 @@ static void mount_free(struct mount *m)
 	ev_timer_stop(srv->loop, &m->wait_timer);
 	if (m->fm_log >= 0)
 		close(m->fm_log);
+	if (m->lock_fd >= 0)
+		close(m->lock_fd);
 	if (m->plan != NULL) {
 		mount_plan_free(m->plan);
 		free(m->plan);
@@ -371,7 +374,7 @@ static void start_fusermount(struct mount *m)
 	char *argv[] = {"fusermount3", "-u", m->real, NULL};
 	static char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
 	struct shim_err e;
-	pid_t pid = m->fusermount[0] != '\0' ? mount_spawn(m->fusermount, argv, envp, m->fm_log, "/", &e) : -1;
+	pid_t pid = m->fusermount[0] != '\0' ? mount_spawn(m->fusermount, argv, envp, m->fm_log, -1, "/", &e) : -1;
 	if (pid > 0 && reaper_watch(pid, fm_exited, m) < 0) {
 		kill(pid, SIGKILL);
 		pid = -1;
@@ -402,6 +405,7 @@ static void job_run(struct work *w)
 		m->job_rc = mount_prepare(m->plan, m->timeout_ms, &m->job_err);
 		break;
 	case PH_WAIT:
+		mount_record_pid(m->rundir, m->job_pid);
 		m->job_rc = mount_wait_live(m->real, &m->exited, &m->abort, remaining_ms(m), &m->job_err);
 		break;
 	case PH_DEAD:
@@ -523,7 +527,7 @@ static void arm_deadline(struct mount *m, double extra)
 static void start_rclone(struct mount *m)
 {
 	struct mount_plan *pl = m->plan;
-	pid_t pid = mount_spawn(pl->rclone, pl->argv, pl->envp, pl->log_fd, pl->rundir, &m->fail);
+	pid_t pid = mount_spawn(pl->rclone, pl->argv, pl->envp, pl->log_fd, pl->mp_fd, pl->rundir, &m->fail);
 	if (pid > 0 && reaper_watch(pid, rclone_exited, m) < 0) {
 		kill(pid, SIGKILL);
 		err_set(&m->fail, ENOMEM, NULL, "out of memory");
@@ -582,7 +586,7 @@ static void pf_exited(void *ud, pid_t pid, int status)
 static void start_preflight(struct mount *m)
 {
 	struct mount_plan *pl = m->plan;
-	pid_t pid = mount_spawn(pl->rclone, pl->pf_argv, pl->envp, pl->log_fd, pl->rundir, &m->fail);
+	pid_t pid = mount_spawn(pl->rclone, pl->pf_argv, pl->envp, pl->log_fd, -1, pl->rundir, &m->fail);
 	if (pid > 0 && reaper_watch(pid, pf_exited, m) < 0) {
 		kill(pid, SIGKILL);
 		err_set(&m->fail, ENOMEM, NULL, "out of memory");
@@ -643,6 +647,8 @@ static void job_done(struct work *w)
 		snprintf(m->rundir, sizeof(m->rundir), "%s", pl->rundir);
 		m->created_dir = pl->created_dir;
 		snprintf(m->fusermount, sizeof(m->fusermount), "%s", pl->fusermount);
+		m->lock_fd = pl->lock_fd;
+		pl->lock_fd = -1;
 		if (m->job_rc < 0) {
 			m->fail = m->job_err;
 			finish_start_failure(m); /* prepare left nothing behind */
@@ -715,6 +721,9 @@ static void job_done(struct work *w)
 			job_submit(m, PH_CLEANUP);
 		return;
 	case PH_CLEANUP:
+		if (m->lock_fd >= 0)
+			close(m->lock_fd); /* the runtime dir is gone */
+		m->lock_fd = -1;
 		if (m->state == ST_ABORTING) {
 			finish_start_failure(m);
 			return;
@@ -876,6 +885,7 @@ int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *e
 	if (m == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	m->fm_log = -1;
+	m->lock_fd = -1;
 	memcpy(m->path, q->path.data, q->path.len);
 	while (strlen(m->path) > 1 && m->path[strlen(m->path) - 1] == '/')
 		m->path[strlen(m->path) - 1] = '\0';

@@ -5,6 +5,7 @@
  * carrying the bytes as DATA with the usual per-stream credit. All sockets are
  * non-blocking and watched by the loop; addresses are numeric, so nothing here can
  * stall the loop on a name lookup. */
+#include "budget.h"
 #include "conn.h"
 #include "frame.h"
 #include "log.h"
@@ -56,6 +57,8 @@ struct tunnel {
 	char remote[128];
 	int lfd; /* reverse: the listening socket */
 	ev_io lio;
+	int lfd6; /* reverse on a loopback name: the [::1] one beside lfd's 127.0.0.1 (-1: none) */
+	ev_io lio6;
 	ev_timer ptimer; /* expires unclaimed connections; retries accept after EMFILE */
 	struct tpending *pending;
 	unsigned npending;
@@ -171,7 +174,10 @@ static void tc_free(struct tconn *tc)
 			tc->next->prev = tc->prev;
 		t->active--;
 	}
-	free(tc->wbuf);
+	if (tc->wbuf != NULL) {
+		budget_free(tc->wbuf, tc->wcap);
+		budget_give(tc->wcap);
+	}
 	free(tc);
 }
 
@@ -232,10 +238,13 @@ static int tc_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, 
 	}
 	if (len > 0) {
 		if (tc->wbuf == NULL) {
+			/* counted in the daemon's budget (the client has the credit for it
+			 * already, so it is not refused: the others then wait for room) */
 			tc->wcap = st->conn->srv->cfg.initial_window + TUN_EXTRA_WINDOW;
-			tc->wbuf = malloc(tc->wcap);
+			tc->wbuf = budget_alloc(tc->wcap);
 			if (tc->wbuf == NULL)
 				return err_set(err, ENOMEM, NULL, "out of memory");
+			budget_take(tc->wcap);
 		}
 		if (tc->woff > 0 && tc->woff + tc->wlen + len > tc->wcap) {
 			memmove(tc->wbuf, tc->wbuf + tc->woff, tc->wlen);
@@ -437,10 +446,14 @@ static void tunnel_teardown(struct tunnel *t)
 {
 	struct ev_loop *loop = srv->loop;
 	ev_io_stop(loop, &t->lio);
+	ev_io_stop(loop, &t->lio6);
 	ev_timer_stop(loop, &t->ptimer);
 	if (t->lfd >= 0)
 		close(t->lfd);
 	t->lfd = -1;
+	if (t->lfd6 >= 0)
+		close(t->lfd6);
+	t->lfd6 = -1;
 	while (t->pending != NULL) {
 		struct tpending *p = t->pending;
 		t->pending = p->next;
@@ -500,29 +513,44 @@ static void ptimer_arm(struct tunnel *t)
 	}
 }
 
+/* The listening sockets' watchers (one, or two on a loopback name). */
+static void listen_stop(struct tunnel *t)
+{
+	ev_io_stop(srv->loop, &t->lio);
+	ev_io_stop(srv->loop, &t->lio6);
+}
+
+static void listen_start(struct tunnel *t)
+{
+	if (t->lfd >= 0)
+		ev_io_start(srv->loop, &t->lio);
+	if (t->lfd6 >= 0)
+		ev_io_start(srv->loop, &t->lio6);
+}
+
 static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	(void)revents;
-	struct tunnel *t = container_of(w, struct tunnel, lio);
+	struct tunnel *t = w->data;
 	for (int round = 0; round < TUN_ACCEPT_ROUNDS; round++) {
 		/* the owner is not reading its connection: do not queue announcements it
 		 * does not take (retried by the timer) */
 		if (t->npending >= TUN_PENDING_MAX || t->st->conn->outlen > TUN_OWNER_OUT_MAX) {
 			/* the client is not claiming them: let the kernel's backlog hold the
 			 * rest (resumed as pending ones are claimed or expire) */
-			ev_io_stop(loop, &t->lio);
+			listen_stop(t);
 			ptimer_arm(t);
 			return;
 		}
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof(ss);
-		int fd = accept4(t->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int fd = accept4(w->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 				log_warn("tunnel %s: accept: %s", t->id, strerror(errno));
-				ev_io_stop(loop, &t->lio);
+				listen_stop(t);
 				ptimer_arm(t);
 			}
 			return;
@@ -567,9 +595,9 @@ static void ptimer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			pp = &p->next;
 		}
 	}
-	if (t->lfd >= 0 && t->npending < TUN_PENDING_MAX)
-		ev_io_start(loop, &t->lio);
-	if (t->pending == NULL && ev_is_active(&t->lio))
+	if (t->npending < TUN_PENDING_MAX)
+		listen_start(t);
+	if (t->pending == NULL && (ev_is_active(&t->lio) || ev_is_active(&t->lio6)))
 		ev_timer_stop(loop, w);
 }
 
@@ -588,8 +616,11 @@ static struct tunnel *tunnel_new(struct stream *st, enum tun_kind kind, const ch
 	t->kind = kind;
 	t->st = st;
 	t->lfd = -1;
+	t->lfd6 = -1;
 	snprintf(t->remote, sizeof(t->remote), "%s", remote != NULL ? remote : "");
 	ev_init(&t->lio, listen_cb);
+	ev_init(&t->lio6, listen_cb);
+	t->lio.data = t->lio6.data = t;
 	ev_init(&t->ptimer, ptimer_cb);
 	return t;
 }
@@ -613,44 +644,145 @@ static void tunnel_publish(struct tunnel *t)
 		 t->host, t->port, t->remote[0] ? t->remote : "-", t->st->conn->peer);
 }
 
+/* A listening socket on ss: SO_REUSEADDR (a port in TIME_WAIT is reused; one
+ * somebody listens on is still EADDRINUSE), never SO_REUSEPORT (nobody may share it).
+ * The fd, or -1 with err naming the address. */
+static int listen_on(const struct sockaddr_storage *ss, socklen_t sl, int backlog, struct shim_err *err)
+{
+	char where[80];
+	netaddr_format(ss, where, sizeof(where));
+	cleanup_close int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return err_set(err, errno, where, "socket");
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (ss->ss_family == AF_INET6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	if (bind(fd, (const struct sockaddr *)ss, sl) < 0)
+		return err_set(err, errno, where, "bind");
+	if (listen(fd, backlog) < 0)
+		return err_set(err, errno, where, "listen");
+	return steal_fd(fd);
+}
+
+static uint16_t sa_port(const struct sockaddr_storage *ss)
+{
+	return ntohs(ss->ss_family == AF_INET ? ((const struct sockaddr_in *)ss)->sin_port :
+						((const struct sockaddr_in6 *)ss)->sin6_port);
+}
+
+/* A loopback name: "localhost" (and no host at all) is 127.0.0.1 and ::1, as
+ * /etc/hosts has it; "ip6-localhost" and "ip6-loopback" are ::1. No lookup. */
+enum { LOOP_NONE, LOOP_BOTH, LOOP_V6 };
+static int loopback_name(const char *host)
+{
+	if (host == NULL || host[0] == '\0' || strcmp(host, "localhost") == 0)
+		return LOOP_BOTH;
+	if (strcmp(host, "ip6-localhost") == 0 || strcmp(host, "ip6-loopback") == 0)
+		return LOOP_V6;
+	return LOOP_NONE;
+}
+
+/* Listen on 127.0.0.1:port and [::1]:port together (port 0: one kernel-chosen port
+ * free on both, a few tries). Either taken: EADDRINUSE naming it, nothing kept bound.
+ * A machine without IPv6 loopback (no AF_INET6, or ::1 not configured) gets the IPv4
+ * one only. 0 with *fd4 and *fd6 (-1: none), or -1 with err. */
+static int listen_loopback(uint32_t port, int backlog, int *fd4, int *fd6, struct shim_err *err)
+{
+	for (int attempt = 0;; attempt++) {
+		struct sockaddr_storage ss4, ss6;
+		socklen_t l4, l6;
+		char norm[64];
+		if (parse_addr("127.0.0.1", port, &ss4, &l4, norm, sizeof(norm), err) < 0)
+			return -1;
+		int a = listen_on(&ss4, l4, backlog, err);
+		if (a < 0)
+			return -1;
+		struct sockaddr_storage bound;
+		socklen_t bl = sizeof(bound);
+		if (getsockname(a, (struct sockaddr *)&bound, &bl) < 0) {
+			int e = errno;
+			close(a);
+			return err_set(err, e, "127.0.0.1", "getsockname");
+		}
+		if (parse_addr("::1", sa_port(&bound), &ss6, &l6, norm, sizeof(norm), err) < 0) {
+			close(a);
+			return -1;
+		}
+		int b = listen_on(&ss6, l6, backlog, err);
+		if (b >= 0) {
+			*fd4 = a;
+			*fd6 = b;
+			return 0;
+		}
+		close(a);
+		if (err->code == EAFNOSUPPORT || err->code == EADDRNOTAVAIL) {
+			/* no IPv6 loopback here: nobody can listen on ::1 either */
+			log_debug("tunnel: no IPv6 loopback (%s): listening on 127.0.0.1 only", strerror(err->code));
+			if (parse_addr("127.0.0.1", port, &ss4, &l4, norm, sizeof(norm), err) < 0)
+				return -1;
+			if ((*fd4 = listen_on(&ss4, l4, backlog, err)) < 0)
+				return -1;
+			*fd6 = -1;
+			return 0;
+		}
+		/* a kernel-chosen port that is taken on ::1: choose again */
+		if (port == 0 && err->code == EADDRINUSE && attempt < 16)
+			continue;
+		return -1;
+	}
+}
+
 int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__TunnelListenRequest *r = req->tunnel_listen;
 	struct sockaddr_storage ss;
 	socklen_t sl;
-	char host[64], where[80];
-	if (parse_addr(r->host, r->port, &ss, &sl, host, sizeof(host), err) < 0)
-		return -1;
-	netaddr_format(&ss, where, sizeof(where));
-	cleanup_close int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return err_set(err, errno, where, "socket");
-	/* lets a port in TIME_WAIT be reused; a port someone listens on is still EADDRINUSE */
-	int one = 1;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(fd, (struct sockaddr *)&ss, sl) < 0)
-		return err_set(err, errno, where, "bind");
+	char host[64];
 	int backlog = r->has_backlog && r->backlog > 0 ? (int)(r->backlog > 4096 ? 4096 : r->backlog) : 128;
-	if (listen(fd, backlog) < 0)
-		return err_set(err, errno, where, "listen");
+	int loop = loopback_name(r->host);
+	int fd = -1, fd6 = -1;
+	if (loop == LOOP_BOTH) {
+		if (r->port > 65535)
+			return err_set(err, EINVAL, r->host, "port %u out of range", r->port);
+		if (listen_loopback(r->port, backlog, &fd, &fd6, err) < 0)
+			return -1;
+		snprintf(host, sizeof(host), "localhost");
+	} else {
+		if (parse_addr(loop == LOOP_V6 ? "::1" : r->host, r->port, &ss, &sl, host, sizeof(host), err) < 0)
+			return -1;
+		if ((fd = listen_on(&ss, sl, backlog, err)) < 0)
+			return -1;
+		if (loop == LOOP_V6)
+			snprintf(host, sizeof(host), "%s", r->host);
+	}
 	struct sockaddr_storage bound;
 	socklen_t bl = sizeof(bound);
-	if (getsockname(fd, (struct sockaddr *)&bound, &bl) < 0)
-		return err_set(err, errno, where, "getsockname");
+	if (getsockname(fd, (struct sockaddr *)&bound, &bl) < 0) {
+		err_set(err, errno, host, "getsockname");
+		goto fail;
+	}
 	struct tunnel *t = tunnel_new(st, TUN_REVERSE, r->remote, err);
 	if (t == NULL)
-		return -1;
+		goto fail;
 	snprintf(t->host, sizeof(t->host), "%s", host);
-	t->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port :
-						     ((struct sockaddr_in6 *)&bound)->sin6_port);
+	t->port = sa_port(&bound);
 	t->accept_timeout =
 		(r->has_accept_timeout_ms && r->accept_timeout_ms > 0 ? r->accept_timeout_ms : TUN_ACCEPT_TIMEOUT_MS) /
 		1000.0;
-	t->lfd = steal_fd(fd);
+	t->lfd = fd;
 	ev_io_set(&t->lio, t->lfd, EV_READ);
+	t->lfd6 = fd6;
+	if (fd6 >= 0)
+		ev_io_set(&t->lio6, t->lfd6, EV_READ);
 	tunnel_publish(t);
-	ev_io_start(srv->loop, &t->lio);
+	listen_start(t);
 	return 0;
+fail:
+	close(fd);
+	if (fd6 >= 0)
+		close(fd6);
+	return -1;
 }
 
 int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
@@ -735,8 +867,8 @@ int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shi
 	if (p == NULL)
 		return err_set(err, ENOENT, r->tunnel_id, "connection %" PRIu64 " is not waiting (claimed or expired)",
 			       r->conn_id);
-	if (t->lfd >= 0 && t->npending < TUN_PENDING_MAX)
-		ev_io_start(srv->loop, &t->lio);
+	if (t->npending < TUN_PENDING_MAX)
+		listen_start(t);
 	if (r->has_refuse && r->refuse) {
 		pending_close(p, true);
 		Shim__V1__Done d = SHIM__V1__DONE__INIT;

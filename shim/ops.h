@@ -49,6 +49,11 @@ int op_fs_statfs(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
 
 /* op_fs_io.c: streamed read and write */
+/* Special files (op_fs_io.c): "a FIFO", "a socket", "a character device", "a block
+ * device", or NULL for anything else; and the refusal of one a request did not allow
+ * (1 EPERM, "VERB: a FIFO, not a regular file (allow_special to VERB it)"). */
+const char *fs_special_kind(unsigned mode);
+int fs_refuse_special(struct shim_err *err, const char *path, unsigned mode, const char *verb);
 int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 /* op_fs_list.c */

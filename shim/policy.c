@@ -198,37 +198,68 @@ static bool same_groups(const struct policy *p)
 	return true;
 }
 
-static int prepare_ids(const Shim__V1__ExecRequest *req, struct policy *p, struct shim_err *err)
+/* p's uid, gid, groups (and user, home) from a user and group spec, each NULL or ""
+ * for none: the shim's own euid and egid then (and no groups: the shim's). */
+static int resolve_ids(const char *user, const char *group, struct policy *p, struct shim_err *err)
 {
-	bool has_user = req->user != NULL && req->user[0] != '\0';
-	bool has_group = req->group != NULL && req->group[0] != '\0';
-	uid_t ruid, euid, suid;
-	gid_t rgid, egid, sgid;
-	getresuid(&ruid, &euid, &suid);
-	getresgid(&rgid, &egid, &sgid);
-	p->uid = euid;
-	p->gid = egid;
+	bool has_user = user != NULL && user[0] != '\0';
+	bool has_group = group != NULL && group[0] != '\0';
+	p->uid = geteuid();
+	p->gid = getegid();
 	if (!has_user && !has_group)
 		return 0;
 
 	gid_t pw_gid = 0;
 	bool found = false;
-	if (has_user && lookup_user(req->user, p, &pw_gid, &found, err) < 0)
+	if (has_user && lookup_user(user, p, &pw_gid, &found, err) < 0)
 		return -1;
 	if (has_group) {
-		if (lookup_group(req->group, &p->gid, err) < 0)
+		if (lookup_group(group, &p->gid, err) < 0)
 			return -1;
 	} else if (found) {
 		p->gid = pw_gid;
-	} else {
+	} else if (has_user) {
 		/* a uid without a passwd entry: its own number as the group (the usual
 		 * user-private group), never root's group by accident */
 		p->gid = p->uid;
 	}
+	/* the user's groups (none for a bare uid), not the shim's */
+	if (found && user_groups(p, pw_gid, err) < 0)
+		return -1;
+	return 0;
+}
+
+int policy_lookup_ids(const char *user, const char *group, uid_t *uid, gid_t *gid, gid_t **groups, size_t *ngroups,
+		      struct shim_err *err)
+{
+	struct policy p;
+	memset(&p, 0, sizeof(p));
+	int rc = resolve_ids(user, group, &p, err);
+	if (rc == 0) {
+		*uid = p.uid;
+		*gid = p.gid;
+		*groups = p.groups;
+		*ngroups = p.ngroups;
+		p.groups = NULL;
+	}
+	free(p.groups);
+	free(p.user);
+	free(p.home);
+	return rc;
+}
+
+static int prepare_ids(const Shim__V1__ExecRequest *req, struct policy *p, struct shim_err *err)
+{
+	bool has_user = req->user != NULL && req->user[0] != '\0';
+	uid_t ruid, euid, suid;
+	gid_t rgid, egid, sgid;
+	getresuid(&ruid, &euid, &suid);
+	getresgid(&rgid, &egid, &sgid);
+	if (resolve_ids(req->user, req->group, p, err) < 0)
+		return -1;
+	if (!has_user && (req->group == NULL || req->group[0] == '\0'))
+		return 0;
 	if (has_user) {
-		/* the user's groups (none for a bare uid), not the shim's */
-		if (found && user_groups(p, pw_gid, err) < 0)
-			return -1;
 		p->set_groups = !same_groups(p);
 		p->set_uid = !(ruid == p->uid && euid == p->uid && suid == p->uid);
 	}

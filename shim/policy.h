@@ -33,6 +33,14 @@ struct policy;
  *     (a positive value is the orchestrator's, e.g. a Kubernetes QoS class). */
 int policy_prepare(const Shim__V1__ExecRequest *req, struct policy **out, struct shim_err *err);
 
+/* Worker side (reads the user and group databases): user and group as a command's
+ * (policy_prepare's rules; each NULL or "" for none): *uid and *gid (the shim's euid
+ * and egid where not given), and with a user in the database its groups
+ * (getgrouplist; *groups malloc'd, the caller frees; NULL with 0 otherwise). Unknown
+ * name: EINVAL naming it. Also the file operations' identity (fsctx.c). */
+int policy_lookup_ids(const char *user, const char *group, uid_t *uid, gid_t *gid, gid_t **groups, size_t *ngroups,
+		      struct shim_err *err);
+
 /* In the child between fork and exec: nothing allocated, async-signal-safe calls only.
  * Applies rlimits, nice, oom_score_adj, then drops privileges in this order:
  * bounding set, keepcaps, setgroups/setresgid, setresuid, capset, ambient,

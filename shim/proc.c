@@ -23,8 +23,11 @@
 #include "server.h"
 #include "spawn.h"
 #include "util.h"
+#include "worker.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +236,8 @@ static void proc_free(struct proc *p)
 	if (p->state == PROC_STARTING || p->state == PROC_RUNNING)
 		tab.n_active--;
 	free(p->in_buf);
+	free(p->tree);
+	free(p->tree_start);
 	free(p->argv);
 	free(p->exec_path);
 	free(p->cwd);
@@ -270,14 +275,277 @@ void proc_unlist(struct proc *p)
 
 /* ---- signals ---- */
 
-int proc_kill(struct proc *p, int sig, bool only_leader)
+/*
+ * The command tree. Each command leads its own session and process group, and a
+ * signal to the group reaches everything that stayed in it; a descendant that
+ * called setsid() (or setpgid()) left it. The shim is PID 1 or a subreaper, so such
+ * a process is still ours in the end, but once its parent has exited its PPid is
+ * the shim's and nothing says which command it came from. So an ending signal
+ * (tree_sig) goes like this:
+ *   1. on the loop: SIGSTOP to the group: nothing in it can exit (and orphan its
+ *      children) or fork while the tree is read;
+ *   2. on a worker (reading /proc is filesystem work): every process's PPid, pgid
+ *      and start time from /proc/N/stat; the descendants of the leader and of those
+ *      found by an earlier walk (same start time: not a reused pid) are collected;
+ *      those outside the group get the signal, one by one;
+ *   3. still on the worker: the group gets the signal, then SIGCONT (a stopped
+ *      process acts on a SIGTERM only once continued).
+ * What was found is kept (proc->tree), so the grace period's SIGKILL after a
+ * timeout still reaches descendants whose parents the SIGTERM ended. If no worker
+ * takes the job within TREE_STALL_MS (every thread blocked) the loop signals and
+ * continues the group itself, and the walk follows when it can.
+ * Limits: a descendant whose parent exited before any walk (a double fork, then
+ * setsid, before the timeout) is not found; cgroups are not used (cgroup v2 with
+ * cgroup.kill would find those too).
+ */
+#define TREE_MAX_PROCS (1u << 16) /* processes read per walk */
+#define TREE_MAX 1024             /* descendants kept per command */
+#define TREE_STALL_MS 500
+
+struct tree_job {
+	struct work work;
+	struct proc *p;
+	pid_t pid; /* the leader, also the group */
+	int sig;
+	bool frozen;     /* the group was stopped: continue it */
+	bool group_done; /* the group was signalled (by the worker or the stall timer) */
+	pid_t *roots;    /* in: the leader's descendants found before; out: all found now */
+	unsigned long long *starts;
+	unsigned nroots;
+	ev_timer stall;
+};
+
+static bool tree_sig(int sig)
 {
-	if (!p->live) {
-		errno = ESRCH;
-		return -1;
+	return sig == SIGTERM || sig == SIGKILL || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT;
+}
+
+struct pstat {
+	pid_t pid, ppid, pgid;
+	unsigned long long start;
+};
+
+/* /proc/PID/stat's ppid, pgrp and starttime. Worker only. */
+static bool read_stat(pid_t pid, struct pstat *ps)
+{
+	char path[48], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	char *q = strrchr(buf, ')'); /* the command name may hold anything */
+	if (q == NULL)
+		return false;
+	int ppid, pgid;
+	unsigned long long start;
+	/* state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime
+	 * stime cutime cstime priority nice num_threads itrealvalue starttime */
+	if (sscanf(q + 1, " %*c %d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &ppid,
+		   &pgid, &start) != 3)
+		return false;
+	ps->pid = pid;
+	ps->ppid = ppid;
+	ps->pgid = pgid;
+	ps->start = start;
+	return true;
+}
+
+/* The group's part: the signal, then SIGCONT if it was stopped. A leader not in its
+ * own group yet (before its setsid) gets them itself, only while it is alive
+ * (stopped: it cannot have been reaped). Any thread. */
+static void tree_group(const struct tree_job *j)
+{
+	if (kill(-j->pid, j->sig) < 0 && errno == ESRCH && j->frozen)
+		kill(j->pid, j->sig);
+	if (j->frozen && kill(-j->pid, SIGCONT) < 0 && errno == ESRCH)
+		kill(j->pid, SIGCONT);
+}
+
+static void tree_run(struct work *w)
+{
+	struct tree_job *j = container_of(w, struct tree_job, work);
+	struct pstat *all = NULL;
+	size_t n = 0, cap = 0;
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	while (d != NULL && (e = readdir(d)) != NULL && n < TREE_MAX_PROCS) {
+		char *end;
+		long v = strtol(e->d_name, &end, 10);
+		if (*end != '\0' || v <= 1)
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 512;
+			struct pstat *na = realloc(all, nc * sizeof(*na));
+			if (na == NULL)
+				break;
+			all = na;
+			cap = nc;
+		}
+		if (read_stat((pid_t)v, &all[n]))
+			n++;
 	}
-	if (only_leader)
-		return kill(p->pid, sig);
+	if (d != NULL)
+		closedir(d);
+	/* the set: the leader, the earlier ones still alive as themselves, then
+	 * whatever has a parent in the set, until nothing is added */
+	pid_t *set = malloc(TREE_MAX * sizeof(pid_t));
+	unsigned long long *st = malloc(TREE_MAX * sizeof(unsigned long long));
+	unsigned ns = 0;
+	bool *in = calloc(n ? n : 1, sizeof(bool));
+	if (set != NULL && st != NULL && in != NULL) {
+		for (size_t i = 0; i < n; i++) {
+			/* the leader's pid only while it is alive (stopped): once reaped it
+			 * may be someone else's */
+			bool root = j->frozen && all[i].pid == j->pid;
+			for (unsigned k = 0; !root && k < j->nroots; k++)
+				root = all[i].pid == j->roots[k] && all[i].start == j->starts[k];
+			if (root)
+				in[i] = true;
+		}
+		for (bool grew = true; grew;) {
+			grew = false;
+			for (size_t i = 0; i < n; i++) {
+				if (in[i])
+					continue;
+				for (size_t k = 0; k < n; k++) {
+					if (in[k] && all[k].pid == all[i].ppid) {
+						in[i] = grew = true;
+						break;
+					}
+				}
+			}
+		}
+		for (size_t i = 0; i < n && ns < TREE_MAX; i++) {
+			if (!in[i] || all[i].pid == j->pid)
+				continue;
+			set[ns] = all[i].pid;
+			st[ns++] = all[i].start;
+			/* the group gets the signal once, below */
+			if (all[i].pgid != j->pid)
+				kill(all[i].pid, j->sig);
+		}
+	}
+	free(in);
+	free(all);
+	free(j->roots);
+	free(j->starts);
+	j->roots = set;
+	j->starts = st;
+	j->nroots = set != NULL && st != NULL ? ns : 0;
+	if (!__atomic_exchange_n(&j->group_done, true, __ATOMIC_SEQ_CST))
+		tree_group(j);
+}
+
+/* Every thread was busy: end the group's stop now; the walk comes when it can. */
+static void tree_stall_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct tree_job *j = container_of(w, struct tree_job, stall);
+	if (__atomic_exchange_n(&j->group_done, true, __ATOMIC_SEQ_CST))
+		return;
+	log_warn("process %s: no worker for the process tree within %d ms: signalling its group", j->p->id,
+		 TREE_STALL_MS);
+	tree_group(j);
+}
+
+static void tree_done(struct work *w)
+{
+	struct tree_job *j = container_of(w, struct tree_job, work);
+	struct proc *p = j->p;
+	ev_timer_stop(loop_(), &j->stall);
+	/* keep what was found, with what was known (a walk that ran while another was
+	 * queued may have seen less) */
+	for (unsigned i = 0; i < j->nroots; i++) {
+		bool known = false;
+		for (unsigned k = 0; k < p->ntree && !known; k++)
+			known = p->tree[k] == j->roots[i] && p->tree_start[k] == j->starts[i];
+		if (known)
+			continue;
+		if (p->ntree % 64 == 0) {
+			if (p->ntree >= TREE_MAX)
+				break;
+			pid_t *nt = realloc(p->tree, (p->ntree + 64) * sizeof(pid_t));
+			if (nt == NULL)
+				break;
+			p->tree = nt;
+			unsigned long long *ns = realloc(p->tree_start, (p->ntree + 64) * sizeof(unsigned long long));
+			if (ns == NULL)
+				break;
+			p->tree_start = ns;
+		}
+		p->tree[p->ntree] = j->roots[i];
+		p->tree_start[p->ntree++] = j->starts[i];
+	}
+	if (j->nroots > 0)
+		log_debug("process %s: signal %d reached %u descendants (%u outside its group or not)", p->id, j->sig,
+			  j->nroots, p->ntree);
+	free(j->roots);
+	free(j->starts);
+	free(j);
+	proc_unref(p);
+}
+
+/* Signal p's whole tree (see above). freeze: stop the group first (the leader is
+ * alive). -1 with errno when even the stop could not be sent. */
+static int tree_signal(struct proc *p, int sig, bool freeze)
+{
+	struct tree_job *j = calloc(1, sizeof(*j));
+	if (j != NULL && p->ntree > 0) {
+		j->roots = malloc(p->ntree * sizeof(pid_t));
+		j->starts = malloc(p->ntree * sizeof(unsigned long long));
+		if (j->roots != NULL && j->starts != NULL) {
+			memcpy(j->roots, p->tree, p->ntree * sizeof(pid_t));
+			memcpy(j->starts, p->tree_start, p->ntree * sizeof(unsigned long long));
+			j->nroots = p->ntree;
+		}
+	}
+	if (j == NULL || (p->ntree > 0 && j->nroots == 0)) {
+		/* out of memory: the group at least */
+		if (j != NULL) {
+			free(j->roots);
+			free(j->starts);
+			free(j);
+		}
+		if (kill(-p->pid, sig) == 0)
+			return 0;
+		return errno == ESRCH && freeze ? kill(p->pid, sig) : -1;
+	}
+	if (freeze) {
+		if (kill(-p->pid, SIGSTOP) < 0) {
+			/* No such group yet: the child has not reached setsid(). It is still
+			 * our unreaped child, so its pid cannot have been reused. */
+			if (errno != ESRCH || kill(p->pid, SIGSTOP) < 0) {
+				int e = errno;
+				free(j->roots);
+				free(j->starts);
+				free(j);
+				errno = e;
+				return -1;
+			}
+		}
+		j->frozen = true;
+	}
+	j->p = p;
+	proc_ref(p);
+	j->pid = p->pid;
+	j->sig = sig;
+	j->work.run = tree_run;
+	j->work.done = tree_done;
+	ev_timer_init(&j->stall, tree_stall_cb, TREE_STALL_MS / 1000.0, 0.);
+	ev_timer_start(loop_(), &j->stall);
+	worker_submit(&j->work);
+	return 0;
+}
+
+/* The group alone, at once. */
+static int group_kill(struct proc *p, int sig)
+{
 	if (kill(-p->pid, sig) == 0)
 		return 0;
 	/* No such group yet: the child has not reached setsid(). It is still our
@@ -287,14 +555,28 @@ int proc_kill(struct proc *p, int sig, bool only_leader)
 	return -1;
 }
 
+int proc_kill(struct proc *p, int sig, bool only_leader)
+{
+	if (!p->live) {
+		errno = ESRCH;
+		return -1;
+	}
+	if (only_leader)
+		return kill(p->pid, sig);
+	if (tree_sig(sig))
+		return tree_signal(p, sig, true);
+	return group_kill(p, sig);
+}
+
 /* The group, also after the leader was reaped (members may remain, and while they
- * do the group id cannot be reused). Only until the process is done. */
+ * do the group id cannot be reused), and the descendants found before. Only until
+ * the process is done. */
 static void signal_group(struct proc *p, int sig)
 {
 	if (p->live)
 		proc_kill(p, sig, false);
 	else if (p->pid > 0 && !p->done)
-		kill(-p->pid, sig);
+		tree_signal(p, sig, false);
 }
 
 static void timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -338,9 +620,10 @@ static void check_done(struct proc *p)
 	}
 	ev_timer_stop(loop_(), &p->linger);
 	if (ev_is_active(&p->grace)) {
-		/* timed out, the leader is gone, and what is left of its group still
-		 * had its grace period running: it ends with the stream */
-		kill(-p->pid, SIGKILL);
+		/* timed out, the leader is gone, and what is left of its group (and
+		 * of its tree) still had its grace period running: it ends with the
+		 * stream */
+		tree_signal(p, SIGKILL, false);
 		ev_timer_stop(loop_(), &p->grace);
 	}
 	p->done = true;
@@ -809,8 +1092,10 @@ unsigned proc_running(void)
 
 void proc_signal_all(int sig)
 {
+	/* at once, from the loop: the daemon may exit right after (init.c deals with
+	 * what was reparented to it) */
 	for (struct proc *p = tab.live; p != NULL; p = p->lnext)
-		proc_kill(p, sig, false);
+		group_kill(p, sig);
 }
 
 unsigned proc_groups(pid_t *pgids, unsigned max)

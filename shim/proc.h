@@ -101,6 +101,13 @@ struct proc {
 
 	ev_timer timeout, grace, linger;
 
+	/* Descendants outside the command's process group (a setsid() of theirs), found by
+	 * the last tree walk (proc.c): still signalled after the leader is gone and they
+	 * were reparented to the shim. Start times guard against pid reuse. */
+	pid_t *tree;
+	unsigned long long *tree_start;
+	unsigned ntree;
+
 	struct stream *fg; /* the exec stream while it lasts */
 	struct proc_attach *attachers;
 	struct proc_waiter *waiters;
@@ -128,7 +135,12 @@ void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl);
 /* It will never be forked (prepare failed, fork failed, the stream went away
  * first): FAILED, out of the table. */
 void proc_start_failed(struct proc *p);
-/* Signal the process group (or only the leader). -1 with errno (ESRCH once reaped). */
+/* Signal the process group (or only the leader). -1 with errno (ESRCH once reaped).
+ * SIGTERM, SIGKILL, SIGINT, SIGHUP and SIGQUIT to the group reach the whole command
+ * tree, setsid()'d descendants included: the group is stopped (SIGSTOP) so nothing
+ * in it exits and orphans its children, a worker walks /proc for every descendant
+ * (PPid chains from the leader and from those found before), signals the ones
+ * outside the group, then the group gets the signal and SIGCONT. */
 int proc_kill(struct proc *p, int sig, bool only_leader);
 /* The foreground exec stream went away: SIGKILL the group, drop its output. */
 void proc_abandon(struct proc *p);

@@ -938,8 +938,10 @@ int rs_run(struct rs *r)
 		return err_set(&r->j.err, ENOMEM, NULL, "out of memory");
 	x->r = r;
 	x->base = x->pdfd = x->dirfd = x->from_fd = -1;
-	x->euid = geteuid();
-	x->egid = getegid();
+	/* the operation's identity (entered by this worker): acting as a user, what is
+	 * created is that user's and no owner is given away (a user cannot chown) */
+	x->euid = fs_ctx_uid();
+	x->egid = fs_ctx_gid();
 	x->root = x->euid == 0;
 	read_umask(x);
 	locale_t loc = bk_utf8_locale();

@@ -134,7 +134,18 @@ static void *rf_main(void *arg)
 {
 	struct rf *f = arg;
 	pthread_setname_np(pthread_self(), "restore-files"); /* top -H, perf */
-	bool failed = false;
+	/* as the request's identity, like the extractor (which entered it: it takes) */
+	struct shim_err ce;
+	bool failed = fs_ctx_enter(&f->x->r->j.fsx, &ce) < 0;
+	if (failed) {
+		pthread_mutex_lock(&f->q.mu);
+		if (!f->err_set) {
+			f->err_set = true;
+			f->err = ce;
+		}
+		pthread_mutex_unlock(&f->q.mu);
+		bq_stop(&f->q);
+	}
 	int64_t end = 0; /* of the data written to the file in hand (its records come together) */
 	struct bq_rec *r = NULL;
 	while ((r = bq_next(&f->q, r)) != NULL) {

@@ -28,12 +28,16 @@ void server_config_defaults(struct server_config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->max_connections = 1024;
+	cfg->max_pending = 32;
 	cfg->max_streams = 256;
 	cfg->max_frame = FRAME_DEFAULT_MAX;
 	cfg->initial_window = FRAME_DEFAULT_WINDOW;
 	cfg->workers = 1;
 	cfg->max_workers = 64;
 	cfg->max_buffer = BUDGET_DEFAULT;
+	cfg->max_jobs = 16; /* BJOB_DEFAULT_MAX */
+	cfg->max_watches = 8192;
+	cfg->max_watches_total = 65536;
 	cfg->keepalive = 60;
 	cfg->handshake_timeout = 10;
 	cfg->shutdown_timeout = 10;
@@ -194,16 +198,17 @@ void server_shutdown(struct server *s, const char *why)
 
 void server_free(struct server *s)
 {
-	for (unsigned i = 0; i < s->n_listeners; i++) {
+	for (unsigned i = 0; i < s->n_listeners; i++)
 		listener_close(s->listeners[i]);
-		free(s->listeners[i]);
-	}
-	s->n_listeners = 0;
+	/* the connections before their listeners: closing one updates its listener's count */
 	for (struct conn *c = s->conns, *next; c != NULL; c = next) {
 		next = c->next;
 		conn_close(c, "exit");
 	}
 	conn_reap_dead(s);
+	for (unsigned i = 0; i < s->n_listeners; i++)
+		free(s->listeners[i]);
+	s->n_listeners = 0;
 	worker_shutdown();
 	free(s->cfg.token);
 	s->cfg.token = NULL;

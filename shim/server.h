@@ -9,18 +9,23 @@
 
 #define SHIM_MAX_ALLOW_UIDS 16
 #define SHIM_MAX_LISTENERS 16
+/* root's default --state-dir: tmpfs (credentials never reach a disk), apart from the
+ * image's shared socket directory /run/sandbox-shim */
+#define SHIM_STATE_DIR_ROOT "/run/sandbox-shim-state"
 
 struct conn;
 struct listener;
 
 struct server_config {
-	unsigned max_connections;
+	unsigned max_connections; /* admitted (HELLO_OK) connections, every listener together */
+	unsigned max_pending;     /* per listener: connections that have not completed HELLO */
 	unsigned max_streams;
 	uint32_t max_frame;
 	uint32_t initial_window;
 	unsigned workers;
 	unsigned max_workers;
 	size_t max_buffer;        /* bytes buffered daemon-wide for the peers (budget.h) */
+	unsigned max_jobs;        /* backups and restores running at once (the others queue) */
 	double keepalive;         /* seconds of silence before a PING; 0 = off */
 	double handshake_timeout; /* seconds from accept to an accepted HELLO; 0 = none */
 	double shutdown_timeout;  /* seconds to finish in-flight work on SIGTERM */
@@ -34,6 +39,9 @@ struct server_config {
 	unsigned n_allow_uids;
 	const char *root;    /* --root: every file path resolves beneath it (NULL: "/") */
 	char state_dir[256]; /* private runtime state: pending-write journal, ... (0700) */
+
+	unsigned max_watches;       /* inotify watches of one watch stream (a request may ask for fewer) */
+	unsigned max_watches_total; /* inotify watches of every watch stream together */
 };
 
 struct server {
@@ -41,9 +49,10 @@ struct server {
 	struct server_config cfg;
 	struct listener *listeners[SHIM_MAX_LISTENERS];
 	unsigned n_listeners;
-	struct conn *conns; /* doubly linked, live connections */
-	struct conn *dead;  /* closed, freed before the loop sleeps */
-	unsigned n_conns;
+	struct conn *conns;  /* doubly linked, live connections */
+	struct conn *dead;   /* closed, freed before the loop sleeps */
+	unsigned n_conns;    /* every live connection */
+	unsigned n_admitted; /* of which past HELLO_OK (the others: their listener's n_pending) */
 	unsigned n_streams;
 	uint64_t start_ns;
 	pid_t pid;

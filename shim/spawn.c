@@ -41,6 +41,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -65,6 +67,7 @@
 extern char **environ;
 
 static const char default_path[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+static const char user_path[] = "PATH=/usr/local/bin:/usr/bin:/bin"; /* login.defs' ENV_PATH */
 
 void spawn_plan_init(struct spawn_plan *pl)
 {
@@ -217,6 +220,111 @@ static char *join_kv(const char *k, const char *v)
 	return s;
 }
 
+/* ---- the shim's start: its own variables out, its limits saved ---- */
+
+struct spawn_start_limits spawn_start_limits;
+
+/* The shim's own variables: the SDK's (SBX_TOKEN, SBX_TARGET, ...) and its own
+ * configuration (SANDBOX_SHIM_LISTEN, SANDBOX_SHIM_TOKEN_FILE, ...). */
+static bool shim_var(const char *kv)
+{
+	return strncmp(kv, "SBX_", 4) == 0 || strncmp(kv, "SANDBOX_SHIM_", 13) == 0;
+}
+
+void spawn_startup(void)
+{
+	spawn_start_limits.have_nofile = getrlimit(RLIMIT_NOFILE, &spawn_start_limits.nofile) == 0;
+	spawn_start_limits.have_core = getrlimit(RLIMIT_CORE, &spawn_start_limits.core) == 0;
+	/* unsetenv() shifts the array: look again from the start after each */
+	for (bool again = true; again;) {
+		again = false;
+		for (size_t i = 0; environ != NULL && environ[i] != NULL; i++) {
+			if (!shim_var(environ[i]))
+				continue;
+			char name[256];
+			size_t k = key_len(environ[i]);
+			if (k == 0 || k >= sizeof(name)) {
+				environ[i][0] = '\0'; /* no name to unset by: make it no variable at all */
+				continue;
+			}
+			memcpy(name, environ[i], k);
+			name[k] = '\0';
+			unsetenv(name);
+			again = true;
+			break;
+		}
+	}
+}
+
+/* ---- the environment ---- */
+
+/* Does a variable's name look like it holds a credential? Commands of another user
+ * do not get these from the shim's environment (a request may still pass any). */
+static bool secret_name(const char *kv)
+{
+	char up[256];
+	size_t k = key_len(kv);
+	if (k >= sizeof(up))
+		return true; /* no image sets such names for its users */
+	for (size_t i = 0; i < k; i++)
+		up[i] = (char)(kv[i] >= 'a' && kv[i] <= 'z' ? kv[i] - 32 : kv[i]);
+	up[k] = '\0';
+	static const char *const parts[] = {"TOKEN",  "SECRET",  "PASSWORD",   "PASSWD",    "CREDENTIAL", "PRIVATE",
+					    "APIKEY", "API_KEY", "ACCESS_KEY", "ACCESSKEY", "SESSION",    "COOKIE"};
+	for (size_t i = 0; i < ARRAY_SIZE(parts); i++)
+		if (strstr(up, parts[i]) != NULL)
+			return true;
+	static const char *const prefixes[] = {"AWS_", "AZURE_", "GCP_", "GOOGLE_", "VAULT_"};
+	for (size_t i = 0; i < ARRAY_SIZE(prefixes); i++)
+		if (strncmp(up, prefixes[i], strlen(prefixes[i])) == 0)
+			return true;
+	/* a word of the name: KEY, KEYS, PASS, PW, AUTH (FOO_KEY, KEY_FILE, NPM_AUTH, ...) */
+	static const char *const words[] = {"KEY", "KEYS", "PASS", "PW", "AUTH"};
+	char *save = NULL;
+	for (char *w = strtok_r(up, "_", &save); w != NULL; w = strtok_r(NULL, "_", &save))
+		for (size_t i = 0; i < ARRAY_SIZE(words); i++)
+			if (strcmp(w, words[i]) == 0)
+				return true;
+	return false;
+}
+
+/* Variables of the shim's own session that are not another user's: that user's
+ * values come from the user database, or nothing. */
+static bool own_session_var(const char *kv)
+{
+	static const char *const names[] = {"HOME",      "USER",     "LOGNAME",  "SHELL",
+					    "MAIL",      "PWD",      "OLDPWD",   "XDG_RUNTIME_DIR",
+					    "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND"};
+	size_t k = key_len(kv);
+	for (size_t i = 0; i < ARRAY_SIZE(names); i++)
+		if (strlen(names[i]) == k && strncmp(kv, names[i], k) == 0)
+			return true;
+	return false;
+}
+
+static bool req_gives(const Shim__V1__ExecRequest *req, const char *key)
+{
+	size_t k = strlen(key);
+	for (size_t i = 0; i < req->n_env; i++) {
+		const ProtobufCBinaryData *b = &req->env[i];
+		if (b->len > k && memcmp(b->data, key, k) == 0 && b->data[k] == '=')
+			return true;
+	}
+	return false;
+}
+
+/* The command's environment, in this order (a later step replaces an earlier one's
+ * variable unless said otherwise):
+ *  1. the base: nothing with clear_env; else, for a command of the shim's own uid,
+ *     the shim's environment (the image's ENV as the shim received it, less the
+ *     shim's own variables, removed at start); for another user, the same without
+ *     names that look like credentials (secret_name) and without the shim's session
+ *     variables (own_session_var);
+ *  2. the request's env entries;
+ *  3. PATH, when none is set yet: login's for the uid (root: with the sbin
+ *     directories; others /usr/local/bin:/usr/bin:/bin);
+ *  4. for a user in the user database: HOME, USER, LOGNAME and SHELL from it (login
+ *     shell /bin/sh when the entry has none), unless the request gave them. */
 static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err)
 {
 	if (req->n_env > SPAWN_MAX_ENV)
@@ -227,15 +335,20 @@ static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, st
 		if (eq == NULL || eq == b->data)
 			return err_setn(err, EINVAL, b->data, b->len, "environment entry is not K=V");
 	}
+	bool other = policy_uid(pl->pol) != geteuid();
 	size_t base = 0;
 	if (!req->clear_env)
 		while (environ != NULL && environ[base] != NULL)
 			base++;
-	size_t cap = base + req->n_env + 4;
+	size_t cap = base + req->n_env + 8;
 	pl->envp = calloc(cap, sizeof(char *));
 	if (pl->envp == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	for (size_t i = 0; i < base; i++) {
+		if (environ[i][0] == '\0' || shim_var(environ[i]))
+			continue;
+		if (other && (secret_name(environ[i]) || own_session_var(environ[i])))
+			continue;
 		char *s = strdup(environ[i]);
 		if (s == NULL || env_put(pl, cap, s, true) < 0)
 			return err_set(err, ENOMEM, NULL, "out of memory");
@@ -247,24 +360,25 @@ static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, st
 		if (env_put(pl, cap, s, true) < 0)
 			return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	/* sane defaults, never overriding what was given */
-	char *s = strdup(default_path);
+	/* sane defaults, never overriding what was given: login's PATH for the user */
+	char *s = strdup(policy_uid(pl->pol) == 0 ? default_path : user_path);
 	if (s == NULL || env_put(pl, cap, s, false) < 0)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	const char *home = policy_home(pl->pol), *user = policy_user(pl->pol);
-	bool given_home = false, given_user = false;
-	for (size_t i = 0; i < req->n_env; i++) {
-		const ProtobufCBinaryData *b = &req->env[i];
-		given_home |= b->len >= 5 && memcmp(b->data, "HOME=", 5) == 0;
-		given_user |= b->len >= 5 && memcmp(b->data, "USER=", 5) == 0;
-	}
-	/* a user was asked for: its HOME and USER, not the shim's */
-	if (home != NULL && !given_home) {
-		if ((s = join_kv("HOME", home)) == NULL || env_put(pl, cap, s, true) < 0)
-			return err_set(err, ENOMEM, NULL, "out of memory");
-	}
-	if (user != NULL && !given_user) {
-		if ((s = join_kv("USER", user)) == NULL || env_put(pl, cap, s, true) < 0)
+	if (user == NULL)
+		return 0;
+	/* a user in the database was asked for: its login variables, not the shim's */
+	char shell[PATH_MAX] = "/bin/sh";
+	struct passwd pw, *pwp = NULL;
+	char buf[4096];
+	if (getpwuid_r(policy_uid(pl->pol), &pw, buf, sizeof(buf), &pwp) == 0 && pwp != NULL && pw.pw_shell != NULL &&
+	    pw.pw_shell[0] != '\0')
+		snprintf(shell, sizeof(shell), "%s", pw.pw_shell);
+	const char *vals[][2] = {{"HOME", home}, {"USER", user}, {"LOGNAME", user}, {"SHELL", shell}};
+	for (size_t i = 0; i < ARRAY_SIZE(vals); i++) {
+		if (vals[i][1] == NULL || req_gives(req, vals[i][0]))
+			continue;
+		if ((s = join_kv(vals[i][0], vals[i][1])) == NULL || env_put(pl, cap, s, true) < 0)
 			return err_set(err, ENOMEM, NULL, "out of memory");
 	}
 	return 0;
@@ -541,6 +655,13 @@ CHILD_CODE __attribute__((noreturn)) static void child_main(const struct spawn_p
 			child_fail(efd, errno, SPAWN_WHAT_NONE, "dup2");
 	if (fchdir(pl->cwd_fd) < 0)
 		child_fail(efd, errno, SPAWN_WHAT_CWD, "chdir");
+	/* the soft RLIMIT_NOFILE the shim started with, not the one it raised for itself
+	 * (a request's rlimits come after and win) */
+	if (spawn_start_limits.have_nofile)
+		setrlimit(RLIMIT_NOFILE, &spawn_start_limits.nofile);
+	/* and the RLIMIT_CORE it started with: the shim's own soft 0 is for itself */
+	if (spawn_start_limits.have_core)
+		setrlimit(RLIMIT_CORE, &spawn_start_limits.core);
 	const char *stage = NULL;
 	if (policy_apply_child(pl->pol, &stage) < 0)
 		child_fail(efd, errno, SPAWN_WHAT_NONE, stage ? stage : "policy");

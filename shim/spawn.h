@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include "err.h"
@@ -46,10 +47,29 @@ struct spawn_failure {
 };
 enum { SPAWN_WHAT_NONE = 0, SPAWN_WHAT_CWD = 1, SPAWN_WHAT_PROGRAM = 2 };
 
+/* What the shim started with, before it changed anything of its own: commands get
+ * these back (an ExecRequest's rlimits still apply after). Filled by spawn_startup();
+ * "have" false where getrlimit failed (the child then keeps the shim's value).
+ * RLIMIT_CORE is here for the shim's own no-core-dump setting: lower it only after
+ * spawn_startup() ran. */
+struct spawn_start_limits {
+	struct rlimit nofile, core;
+	bool have_nofile, have_core;
+};
+extern struct spawn_start_limits spawn_start_limits;
+
+/* Start-up, once, before the shim raises RLIMIT_NOFILE (main.c) and after it has read
+ * its own variables: save spawn_start_limits, and take the shim's own variables out
+ * of its environment (SBX_* and SANDBOX_SHIM_*: the token file's name, the listen
+ * addresses, a client's SBX_TOKEN), so that no command and no workload inherits them. */
+void spawn_startup(void);
+
 void spawn_plan_init(struct spawn_plan *pl);
 /* On a worker thread: check the request (argv or shell, env entries), build argv
- * and the environment (the shim's plus the request's, or only the request's with
- * clear_env; PATH defaulted; HOME and USER for a given user), resolve the user,
+ * and the environment (see build_env in spawn.c and PROTOCOL.md: the shim's for a
+ * command of the shim's own user; for another user that user's login variables and
+ * the image's environment without secret-looking names; only the request's with
+ * clear_env; then the request's entries, PATH defaulted), resolve the user,
  * group and restrictions (policy_prepare), open the cwd beneath --root, search
  * argv[0] in the command's PATH, and make the pipes or the pseudo-terminal.
  * -1 with err (ENOENT naming the cwd or program, EINVAL, ...). */

@@ -1,5 +1,6 @@
 /* worker.c: a growing thread pool; results are handed back to the libev loop through ev_async. */
 #include "worker.h"
+#include "fsctx.h"
 #include "log.h"
 
 #include <errno.h>
@@ -56,6 +57,7 @@ static struct {
 	struct wthread *wthreads;
 	struct ev_loop *loop;
 	ev_async async;
+	unsigned own; /* threads of worker_run_own() running now */
 } pool = {
 	.mu = PTHREAD_MUTEX_INITIALIZER,
 	.cv = PTHREAD_COND_INITIALIZER,
@@ -156,6 +158,17 @@ static bool probation(void)
 	return join && !pool.stopping;
 }
 
+/* Run w with the interrupt signal let in only meanwhile: one that arrives late stays
+ * pending and cannot hit the next job. A job that entered a file operation's
+ * identity and did not leave it: the next one starts as the shim again. */
+static void run_one(struct work *w)
+{
+	pthread_sigmask(SIG_UNBLOCK, &interrupt_set, NULL);
+	w->run(w);
+	fs_ctx_leave();
+	pthread_sigmask(SIG_BLOCK, &interrupt_set, NULL);
+}
+
 static void *worker_main(void *arg)
 {
 	struct wthread self = {.self = pthread_self(), .mark = ULONG_MAX};
@@ -197,14 +210,8 @@ static void *worker_main(void *arg)
 		self.jobs++;
 		pthread_mutex_unlock(&pool.mu);
 
-		if (!skip) {
-			/* The interrupt signal is let in only while the job runs; one that
-			 * arrives late stays pending and is swallowed below, so it can never
-			 * hit the next job. */
-			pthread_sigmask(SIG_UNBLOCK, &interrupt_set, NULL);
-			w->run(w);
-			pthread_sigmask(SIG_BLOCK, &interrupt_set, NULL);
-		}
+		if (!skip)
+			run_one(w); /* a late interrupt is swallowed below */
 
 		pthread_mutex_lock(&pool.mu);
 		w->state = WORK_FINISHED;
@@ -331,6 +338,68 @@ void worker_submit(struct work *w)
 		log_warn("worker: cannot start a thread: %s", strerror(errno));
 	pthread_cond_signal(&pool.cv);
 	pthread_mutex_unlock(&pool.mu);
+}
+
+/* A job on a thread of its own (worker_run_own): the pool's rules for signals and
+ * for done(), without a pool thread. */
+static void *own_main(void *arg)
+{
+	struct work *w = arg;
+	pthread_setname_np(pthread_self(), "shim-job"); /* top -H; the tests count them */
+	pthread_mutex_lock(&pool.mu);
+	bool skip = __atomic_load_n(&w->cancelled, __ATOMIC_ACQUIRE);
+	w->state = WORK_RUNNING;
+	w->thread = (unsigned long)pthread_self();
+	pthread_mutex_unlock(&pool.mu);
+	if (!skip)
+		run_one(w);
+	pthread_mutex_lock(&pool.mu);
+	w->state = WORK_FINISHED;
+	pool.own--;
+	/* (an interrupt that came late stays pending and dies with the thread) */
+	w->next = NULL;
+	*pool.done_tail = w;
+	pool.done_tail = &w->next;
+	ev_async_send(pool.loop, &pool.async);
+	pthread_mutex_unlock(&pool.mu);
+	return NULL;
+}
+
+int worker_run_own(struct work *w)
+{
+	w->next = NULL;
+	w->state = WORK_QUEUED;
+	w->cancelled = false;
+	pthread_t t;
+	pthread_attr_t attr;
+	sigset_t all, old;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 << 10);
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_mutex_lock(&pool.mu);
+	int rc = pthread_create(&t, &attr, own_main, w);
+	if (rc == 0) {
+		pool.own++;
+		pool.pending++;
+	}
+	pthread_mutex_unlock(&pool.mu);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (rc != 0) {
+		errno = rc;
+		return -1;
+	}
+	return 0;
+}
+
+unsigned worker_own_threads(void)
+{
+	pthread_mutex_lock(&pool.mu);
+	unsigned n = pool.own;
+	pthread_mutex_unlock(&pool.mu);
+	return n;
 }
 
 void worker_interrupt(struct work *w)

@@ -28,6 +28,14 @@ enum { WORK_QUEUED = 0, WORK_RUNNING = 1, WORK_FINISHED = 2 };
  * busy (so a few calls stuck on a hung mount cannot starve the rest). */
 int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads);
 void worker_submit(struct work *w);
+/* Run the job on a thread of its own, outside the pool: for a job that lives as long
+ * as its stream and waits for the client meanwhile (a backup, a restore), which must
+ * not hold one of the threads the pool keeps for blocking calls. Otherwise as
+ * worker_submit (done() on the loop, worker_interrupt, worker_cancelled). -1 with
+ * errno when no thread can be made (done() is then never called). Loop thread only. */
+int worker_run_own(struct work *w);
+/* Threads of worker_run_own() running now. */
+unsigned worker_own_threads(void);
 /* The job's result is no longer wanted: if it has not started, run() is skipped
  * (done() still runs); if it is running, its thread gets a signal so that a
  * blocking syscall returns EINTR (a FIFO open, a read on a pipe; not every wait in

@@ -18,7 +18,8 @@ PACKAGES=(
 	ca-certificates
 	clang        # libFuzzer harness (SHIM_FUZZ)
 	clang-format # style check in tests/run-tests.sh
-	file         # tells a static binary from a dynamic one
+	file         # tells a static binary from a dynamic one (and cpack's DEB generator needs it)
+	groff-base   # groff -man: the man pages render without warnings (test cli_doc.man)
 	# libraries (headers and static archives)
 	libev-dev
 	libprotobuf-c-dev

@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "sbx.h"
 
@@ -24,6 +25,9 @@ struct ctx {
 	int timeout_ms; /* 0: the library's defaults */
 	int json;
 	int trace;
+	/* --as, --no-follow, --no-symlinks: the file commands' sbx_call_opts (fs_opts) */
+	const char *as_user, *as_group;
+	unsigned resolve;          /* SBX_RESOLVE_* */
 	unsigned before;           /* GLOBAL_* bits: the global options given before the command */
 	const struct command *cmd; /* the subcommand being run; NULL while in main */
 };
@@ -35,7 +39,16 @@ enum {
 	GLOBAL_TIMEOUT = 1u << 2,
 	GLOBAL_JSON = 1u << 3,
 	GLOBAL_TRACE = 1u << 4,
+	GLOBAL_AS = 1u << 5,
+	GLOBAL_NO_FOLLOW = 1u << 6,
+	GLOBAL_NO_SYMLINKS = 1u << 7,
 };
+
+/* The call options of a file command's calls: --as's user and group and the resolve
+ * flags; NULL when none was given (the request then has no fs field). fs_opts_into
+ * adds them to opts a command fills itself (timeout, cancel). */
+const struct sbx_call_opts *fs_opts(const struct ctx *ctx);
+void fs_opts_into(const struct ctx *ctx, struct sbx_call_opts *opts);
 
 /* struct command flags */
 enum {
@@ -165,5 +178,46 @@ int cmd_tunnels(struct ctx *ctx, int argc, char **argv);
 int cmd_mount(struct ctx *ctx, int argc, char **argv);
 int cmd_mounts(struct ctx *ctx, int argc, char **argv);
 int cmd_unmount(struct ctx *ctx, int argc, char **argv);
+
+/* ---- the tables, for the documentation (sbx.c) ---- */
+
+/* One of main's options as --help and sbx(1) show it. */
+struct opt_doc {
+	const char *spec; /* "-t, --target TARGET" */
+	const char *help; /* lines after the first continue the entry */
+};
+
+/* The i-th entry of the command table, of the global options' getopt table, of main_docs;
+ * NULL past the end. */
+const struct command *cli_command(size_t i);
+const struct option *cli_global(size_t i);
+const struct opt_doc *cli_main_doc(size_t i);
+const struct command *cli_find_command(const char *name);
+/* Whether cmd takes the global option g at all (--json only with JSON output, the file options
+ * only on file commands), for the completion. */
+int cli_global_allowed(const struct command *cmd, const struct option *g);
+/* What --help says after the options; GLOBAL_USAGE. */
+const char *cli_main_notes(void);
+const char *cli_global_usage(void);
+/* sbx --help, and sbx COMMAND --help (on stdout); return EXIT_OK. */
+int cli_show_help(FILE *f);
+int cli_show_cmd_help(const struct command *cmd);
+/* The command's own options as it hands them to cli_getopt (run with nothing to parse: it stops
+ * at its first cli_getopt, as after a usage error, without printing). 0, or -1 if it never
+ * called cli_getopt. */
+int cli_probe(const struct command *cmd, const char **shorts, const struct option **longs);
+
+/* ---- help, sbx(1), completion (doc.c) ---- */
+
+int cmd_help(struct ctx *ctx, int argc, char **argv);
+/* "  SPEC  HELP" aligned as in --help (continuation lines of HELP indented). */
+void cli_print_entry(FILE *f, const char *spec, const char *help);
+/* The commands grouped, "  NAME  SUMMARY" a line. */
+void cli_print_commands(FILE *f);
+/* Whether arg is one of the hidden first arguments: --dump-man TEMPLATE (sbx(1) on stdout),
+ * --check-docs (every command, option and global option documented: exit 0, else each gap on
+ * stderr and exit 1), --complete KIND [COMMAND] (the bash completion's word lists). */
+int cli_is_doc_option(const char *arg);
+int cli_doc_main(int argc, char **argv);
 
 #endif

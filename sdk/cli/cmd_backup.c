@@ -246,7 +246,7 @@ int cmd_backup(struct ctx *ctx, int argc, char **argv)
 	};
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	struct sbx_backup_record rec;
-	struct sbx_call_opts opts = {0, NULL};
+	struct sbx_call_opts opts = {.timeout_ms = 0};
 	struct intr in = {.pipe = {-1, -1}};
 	struct progress prog;
 	struct out_sink sink;
@@ -335,6 +335,7 @@ int cmd_backup(struct ctx *ctx, int argc, char **argv)
 		goto out;
 	}
 	opts.cancel = in.tok;
+	fs_opts_into(ctx, &opts);
 	progress_init(&prog, "backup");
 	bo.progress = progress_cb;
 	bo.progress_ud = &prog;
@@ -425,7 +426,7 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 	};
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	struct sbx_restore_result res;
-	struct sbx_call_opts opts = {0, NULL};
+	struct sbx_call_opts opts = {.timeout_ms = 0};
 	struct intr in = {.pipe = {-1, -1}};
 	struct progress prog;
 	struct in_source src;
@@ -490,6 +491,7 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 		goto out;
 	}
 	opts.cancel = in.tok;
+	fs_opts_into(ctx, &opts);
 	progress_init(&prog, "restore");
 	ro.progress = progress_cb;
 	ro.progress_ud = &prog;

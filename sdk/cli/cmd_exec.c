@@ -509,7 +509,7 @@ static void *stdin_main(void *arg)
 static int run_foreground(struct ctx *ctx, struct exec_args *a, struct sbx_client *c)
 {
 	struct fg f = {.c = c, .stop_pipe = {-1, -1}};
-	struct sbx_call_opts opts = {-1, NULL};
+	struct sbx_call_opts opts = {.timeout_ms = -1};
 	struct sbx_proc *p = NULL;
 	struct sbx_error err;
 	struct sbx_exit ex;
@@ -842,7 +842,7 @@ int cmd_logs(struct ctx *ctx, int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	/* following runs until the process ends: --timeout is for connecting only */
-	struct sbx_call_opts opts = {0, NULL};
+	struct sbx_call_opts opts = {.timeout_ms = 0};
 	struct sbx_client *c;
 	struct sbx_proc *p;
 	struct sbx_error err;

@@ -159,6 +159,7 @@ struct simple {
 	int64_t n1, n2;
 	uint64_t u;
 	const struct sbx_timespec *t;
+	const struct sbx_call_opts *o; /* --as, --no-follow, --no-symlinks (run_simple sets it) */
 };
 typedef int (*simple_fn)(struct sbx_client *c, const struct simple *s, struct sbx_error *err);
 
@@ -168,9 +169,12 @@ static int run_simple(const struct ctx *ctx, simple_fn fn, const struct simple *
 	struct sbx_error err;
 	int rc;
 
+	struct simple with = *s;
+
+	with.o = fs_opts(ctx);
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	rc = fn(c, s, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
+	rc = fn(c, &with, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
 	sbx_client_close(c);
 	return rc;
 }
@@ -207,13 +211,14 @@ int cmd_cat(struct ctx *ctx, int argc, char **argv)
 	static const struct option longopts[] = {
 		{"offset", required_argument, NULL, 'o'},
 		{"length", required_argument, NULL, 'n'},
+		{"special", no_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	uint64_t offset = 0, length = SBX_TO_END;
 	struct sbx_client *c;
 	struct sbx_error err;
-	int opt, rc;
+	int opt, rc, flags = 0;
 
 	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
 		switch (opt) {
@@ -225,6 +230,9 @@ int cmd_cat(struct ctx *ctx, int argc, char **argv)
 			if (parse_size(optarg, &length) < 0 || length == SBX_TO_END)
 				return usage_error(ctx, "bad --length '%s': want BYTES[K|M|G]", optarg);
 			break;
+		case 'S':
+			flags |= SBX_READ_ALLOW_SPECIAL;
+			break;
 		default:
 			return other_option(ctx, argv, opt);
 		}
@@ -233,7 +241,7 @@ int cmd_cat(struct ctx *ctx, int argc, char **argv)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	if (sbx_read_file(c, NULL, argv[optind], offset, length, cat_sink, NULL, NULL, &err) < 0)
+	if (sbx_read_file_ex(c, fs_opts(ctx), argv[optind], offset, length, flags, cat_sink, NULL, NULL, &err) < 0)
 		rc = fail(&err, NULL);
 	sbx_client_close(c);
 	return rc;
@@ -252,13 +260,14 @@ static long stdin_source(void *ud, void *buf, size_t len)
 
 int cmd_put(struct ctx *ctx, int argc, char **argv)
 {
-	enum { OPT_APPEND = 256, OPT_EXCLUSIVE, OPT_PARENTS, OPT_NO_ATOMIC };
+	enum { OPT_APPEND = 256, OPT_EXCLUSIVE, OPT_PARENTS, OPT_NO_ATOMIC, OPT_SPECIAL };
 	static const struct option longopts[] = {
 		{"mode", required_argument, NULL, 'm'},
 		{"append", no_argument, NULL, OPT_APPEND},
 		{"exclusive", no_argument, NULL, OPT_EXCLUSIVE},
 		{"parents", no_argument, NULL, OPT_PARENTS},
 		{"no-atomic", no_argument, NULL, OPT_NO_ATOMIC},
+		{"special", no_argument, NULL, OPT_SPECIAL},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -287,6 +296,9 @@ int cmd_put(struct ctx *ctx, int argc, char **argv)
 		case OPT_NO_ATOMIC:
 			flags |= SBX_WRITE_NO_ATOMIC;
 			break;
+		case OPT_SPECIAL:
+			flags |= SBX_WRITE_ALLOW_SPECIAL;
+			break;
 		default:
 			return other_option(ctx, argv, opt);
 		}
@@ -295,7 +307,7 @@ int cmd_put(struct ctx *ctx, int argc, char **argv)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	if (sbx_write_file(c, NULL, argv[optind], flags, mode, stdin_source, NULL, &st, &err) < 0) {
+	if (sbx_write_file(c, fs_opts(ctx), argv[optind], flags, mode, stdin_source, NULL, &st, &err) < 0) {
 		rc = fail(&err, NULL);
 	} else if (ctx->json) {
 		stat_json("path", argv[optind], strlen(argv[optind]), &st);
@@ -328,7 +340,7 @@ int cmd_stat(struct ctx *ctx, int argc, char **argv)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	rc = sbx_stat(c, NULL, argv[optind], flags, &st, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
+	rc = sbx_stat(c, fs_opts(ctx), argv[optind], flags, &st, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
 	sbx_client_close(c);
 	if (rc != EXIT_OK)
 		return rc;
@@ -353,7 +365,7 @@ int cmd_exists(struct ctx *ctx, int argc, char **argv)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	switch (sbx_exists(c, NULL, argv[optind], &err)) {
+	switch (sbx_exists(c, fs_opts(ctx), argv[optind], &err)) {
 	case 1:
 		rc = EXIT_OK;
 		break;
@@ -448,7 +460,7 @@ int cmd_ls(struct ctx *ctx, int argc, char **argv)
 		depth = 0; /* unlimited */
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	if (sbx_list(c, NULL, argv[optind], depth, flags, ls_entry, &ls, NULL, &err) < 0 && !ls.out_err)
+	if (sbx_list(c, fs_opts(ctx), argv[optind], depth, flags, ls_entry, &ls, NULL, &err) < 0 && !ls.out_err)
 		rc = fail(&err, NULL);
 	sbx_client_close(c);
 	return rc;
@@ -458,7 +470,7 @@ int cmd_ls(struct ctx *ctx, int argc, char **argv)
 
 static int do_mkdir(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_mkdir(c, NULL, s->a, s->flags, (int)s->n1, err);
+	return sbx_mkdir(c, s->o, s->a, s->flags, (int)s->n1, err);
 }
 
 int cmd_mkdir(struct ctx *ctx, int argc, char **argv)
@@ -489,7 +501,7 @@ int cmd_mkdir(struct ctx *ctx, int argc, char **argv)
 
 static int do_rm(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_remove(c, NULL, s->a, s->flags, err);
+	return sbx_remove(c, s->o, s->a, s->flags, err);
 }
 
 int cmd_rm(struct ctx *ctx, int argc, char **argv)
@@ -510,7 +522,7 @@ int cmd_rm(struct ctx *ctx, int argc, char **argv)
 
 static int do_mv(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_rename(c, NULL, s->a, s->b, 0, err);
+	return sbx_rename(c, s->o, s->a, s->b, 0, err);
 }
 
 int cmd_mv(struct ctx *ctx, int argc, char **argv)
@@ -529,7 +541,7 @@ int cmd_mv(struct ctx *ctx, int argc, char **argv)
 
 static int do_cp(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_copy(c, NULL, s->a, s->b, s->flags, err);
+	return sbx_copy(c, s->o, s->a, s->b, s->flags, err);
 }
 
 int cmd_cp(struct ctx *ctx, int argc, char **argv)
@@ -551,7 +563,7 @@ int cmd_cp(struct ctx *ctx, int argc, char **argv)
 
 static int do_chmod(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_chmod(c, NULL, s->a, (unsigned)s->n1, err);
+	return sbx_chmod(c, s->o, s->a, (unsigned)s->n1, err);
 }
 
 int cmd_chmod(struct ctx *ctx, int argc, char **argv)
@@ -573,7 +585,7 @@ int cmd_chmod(struct ctx *ctx, int argc, char **argv)
 
 static int do_chown(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_chown(c, NULL, s->a, s->n1, s->n2, 0, err);
+	return sbx_chown(c, s->o, s->a, s->n1, s->n2, 0, err);
 }
 
 int cmd_chown(struct ctx *ctx, int argc, char **argv)
@@ -604,8 +616,8 @@ int cmd_chown(struct ctx *ctx, int argc, char **argv)
 static int do_ln(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
 	if (s->flags)
-		return sbx_symlink(c, NULL, s->a, s->b, err);
-	return sbx_link(c, NULL, s->a, s->b, err);
+		return sbx_symlink(c, s->o, s->a, s->b, err);
+	return sbx_link(c, s->o, s->a, s->b, err);
 }
 
 int cmd_ln(struct ctx *ctx, int argc, char **argv)
@@ -627,13 +639,14 @@ int cmd_ln(struct ctx *ctx, int argc, char **argv)
 
 static int do_truncate(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_truncate(c, NULL, s->a, s->u, err);
+	return sbx_truncate_ex(c, s->o, s->a, s->u, s->flags ? SBX_TRUNCATE_ALLOW_SPECIAL : 0, err);
 }
 
 int cmd_truncate(struct ctx *ctx, int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{"size", required_argument, NULL, 's'},
+		{"special", no_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -641,6 +654,10 @@ int cmd_truncate(struct ctx *ctx, int argc, char **argv)
 	int opt, rc, have_size = 0;
 
 	while ((opt = cli_getopt(ctx, argc, argv, ":s:h", longopts)) != -1) {
+		if (opt == 'S') {
+			s.flags = 1;
+			continue;
+		}
 		if (opt != 's')
 			return other_option(ctx, argv, opt);
 		/* The file API takes sizes up to 2^63-1 (off_t). */
@@ -658,7 +675,7 @@ int cmd_truncate(struct ctx *ctx, int argc, char **argv)
 
 static int do_touch(struct sbx_client *c, const struct simple *s, struct sbx_error *err)
 {
-	return sbx_set_times(c, NULL, s->a, s->t, s->t, 0, err);
+	return sbx_set_times(c, s->o, s->a, s->t, s->t, 0, err);
 }
 
 int cmd_touch(struct ctx *ctx, int argc, char **argv)
@@ -707,8 +724,8 @@ static int path_out(struct ctx *ctx, int argc, char **argv, int realpath)
 		free(buf);
 		return rc;
 	}
-	n = realpath ? sbx_realpath(c, NULL, argv[optind], buf, PATH_BUF, &err) :
-		       sbx_readlink(c, NULL, argv[optind], buf, PATH_BUF, &err);
+	n = realpath ? sbx_realpath(c, fs_opts(ctx), argv[optind], buf, PATH_BUF, &err) :
+		       sbx_readlink(c, fs_opts(ctx), argv[optind], buf, PATH_BUF, &err);
 	sbx_client_close(c);
 	if (n < 0) {
 		rc = fail(&err, NULL);
@@ -777,7 +794,7 @@ int cmd_df(struct ctx *ctx, int argc, char **argv)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	rc = sbx_statfs(c, NULL, argv[optind], &fs, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
+	rc = sbx_statfs(c, fs_opts(ctx), argv[optind], &fs, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
 	sbx_client_close(c);
 	if (rc != EXIT_OK)
 		return rc;
@@ -885,7 +902,7 @@ int cmd_watch(struct ctx *ctx, int argc, char **argv)
 	struct sigwatch w = {.stop = 0};
 	struct watch_state ws = {ctx->json, 0};
 	/* A watch runs until it is stopped: --timeout is for connecting only. */
-	struct sbx_call_opts opts = {-1, NULL};
+	struct sbx_call_opts opts = {.timeout_ms = -1};
 	struct sbx_client *c;
 	struct sbx_error err;
 	int opt, rc, flags = 0, e;
@@ -918,6 +935,7 @@ int cmd_watch(struct ctx *ctx, int argc, char **argv)
 		return EXIT_FAIL;
 	}
 	opts.cancel = w.tok;
+	fs_opts_into(ctx, &opts);
 	if (sbx_watch(c, &opts, argv[optind], flags, watch_event, &ws, &err) < 0 && !ws.out_err &&
 	    !(err.code == ECANCELED && sbx_cancel_fired(w.tok)))
 		rc = fail(&err, NULL);

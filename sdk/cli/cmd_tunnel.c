@@ -100,10 +100,12 @@ static int cmd_tunnel_open(struct ctx *ctx, int argc, char **argv, int forward)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
+	/* reverse has no --bind: the guest side's host is part of its first operand */
+	const struct option *opts = forward ? longopts : help_only_opts;
 	const char *bind_host = NULL;
 	int opt, rc;
 
-	while ((opt = cli_getopt(ctx, argc, argv, forward ? ":b:h" : ":h", longopts)) != -1) {
+	while ((opt = cli_getopt(ctx, argc, argv, forward ? ":b:h" : ":h", opts)) != -1) {
 		if (opt == 'b' && forward)
 			bind_host = optarg;
 		else

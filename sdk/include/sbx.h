@@ -82,7 +82,17 @@ SBX_API void sbx_cancel_free(struct sbx_cancel *tok);
 struct sbx_call_opts {
 	int timeout_ms;            /* 0: the client's default; -1: no timeout */
 	struct sbx_cancel *cancel; /* may be NULL */
+	/* File operations only (stat, read, write, list, watch, mkdir, remove, rename,
+	 * copy, chmod, chown, symlink, readlink, link, truncate, set_times, realpath,
+	 * statfs, backup, restore; PROTOCOL.md 12.1.1); other calls ignore them. */
+	const char *user;  /* act as this user (name or number): its fsuid, fsgid and groups,
+	                      so the kernel's permission checks apply (EACCES, EPERM); NULL:
+	                      the shim's --fs-user, or the shim's own identity */
+	const char *group; /* name or number: the primary group instead of the user's */
+	unsigned resolve;  /* SBX_RESOLVE_* */
 };
+#define SBX_RESOLVE_NO_FOLLOW 0x1u   /* the path's last component may not be a symlink: ELOOP */
+#define SBX_RESOLVE_NO_SYMLINKS 0x2u /* no component of the path may be a symlink: ELOOP */
 
 /* ---- connecting ---- */
 
@@ -91,7 +101,7 @@ typedef void (*sbx_trace_fn)(void *ud, const char *line);
 
 struct sbx_connect_opts {
 	unsigned struct_size;    /* sizeof(struct sbx_connect_opts): set by SBX_CONNECT_OPTS_INIT */
-	const char *token;       /* NULL: $SBX_TOKEN, if set */
+	const char *token;       /* NULL: $SBX_TOKEN, if set (never for exec: targets) */
 	const char *client_name; /* for the shim's logs; NULL: "libsbx/VERSION" */
 	int connect_timeout_ms;  /* one connect + handshake attempt; 0: 10000 */
 	int wait_ms;             /* keep retrying with backoff for this long while the shim is
@@ -113,7 +123,9 @@ struct sbx_client;
  *   vsock:CID:PORT       AF_VSOCK
  *   fc:UDS_PATH:PORT     Firecracker hybrid vsock ("CONNECT PORT\n", then "OK n\n")
  *   exec:COMMAND...      run COMMAND with /bin/sh -c; talk over its stdin/stdout;
- *                        it is reaped by sbx_client_close()
+ *                        it is reaped by sbx_client_close(); it gets our environment
+ *                        without SBX_TOKEN and SBX_TOKEN_FILE, and a token only from
+ *                        opts->token
  * On success *out owns the connection; free it with sbx_client_close(). */
 SBX_API int sbx_connect(const char *target, const struct sbx_connect_opts *opts, struct sbx_client **out,
 			struct sbx_error *err);
@@ -245,16 +257,24 @@ typedef long (*sbx_source_fn)(void *ud, void *buf, size_t len);
  * be NULL) gets the count delivered. */
 SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t offset,
 			  uint64_t length, sbx_sink_fn sink, void *ud, uint64_t *bytes, struct sbx_error *err);
+/* Read a FIFO, a socket or a device too (else such a file fails with EPERM naming its
+ * type; a FIFO without a writer, a terminal waits in the shim without holding a thread). */
+#define SBX_READ_ALLOW_SPECIAL 0x1
+/* sbx_read_file with flags (SBX_READ_*). */
+SBX_API int sbx_read_file_ex(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t offset,
+			     uint64_t length, int flags, sbx_sink_fn sink, void *ud, uint64_t *bytes,
+			     struct sbx_error *err);
 /* Read a whole file into a malloc'd buffer (free it with free()); files larger than
  * max bytes fail with EFBIG. */
 SBX_API int sbx_read_file_alloc(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, size_t max,
 				void **data, size_t *len, struct sbx_error *err);
 
-#define SBX_WRITE_APPEND 0x1    /* append in place */
-#define SBX_WRITE_EXCLUSIVE 0x2 /* fail with EEXIST if the path exists */
-#define SBX_WRITE_PARENTS 0x4   /* create missing parent directories */
-#define SBX_WRITE_NO_ATOMIC 0x8 /* truncate and write in place instead of temp file + rename */
-#define SBX_MODE_KEEP (-1)      /* keep an existing file's mode (0644 for a new file) */
+#define SBX_WRITE_APPEND 0x1         /* append in place */
+#define SBX_WRITE_EXCLUSIVE 0x2      /* fail with EEXIST if the path exists */
+#define SBX_WRITE_PARENTS 0x4        /* create missing parent directories */
+#define SBX_WRITE_NO_ATOMIC 0x8      /* truncate and write in place instead of temp file + rename */
+#define SBX_WRITE_ALLOW_SPECIAL 0x10 /* write into a FIFO, socket or device (else EPERM naming its type) */
+#define SBX_MODE_KEEP (-1)           /* keep an existing file's mode (0644 for a new file) */
 /* Write what source produces to path. By default atomically: the bytes go to a temp
  * file beside path, which is fsync'd and renamed over path only when all arrived;
  * a failure, a cancel or a lost connection leaves the old file as it was. *out (may
@@ -308,6 +328,9 @@ SBX_API long sbx_realpath(struct sbx_client *c, const struct sbx_call_opts *opts
 			  size_t size, struct sbx_error *err);
 SBX_API int sbx_truncate(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
 			 struct sbx_error *err);
+#define SBX_TRUNCATE_ALLOW_SPECIAL 0x1 /* open a FIFO or device too (else EPERM naming its type) */
+SBX_API int sbx_truncate_ex(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
+			    int flags, struct sbx_error *err);
 #define SBX_TOUCH_NO_CREATE 0x1
 /* atime/mtime NULL: now. Creates an empty file unless SBX_TOUCH_NO_CREATE. */
 SBX_API int sbx_set_times(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path,
@@ -622,7 +645,8 @@ struct sbx_tunnel_opts {
 SBX_API int sbx_forward_open(struct sbx_client *c, const char *bind_host, unsigned bind_port, const char *guest_host,
 			     unsigned guest_port, const struct sbx_tunnel_opts *opts, struct sbx_tunnel **out,
 			     struct sbx_error *err);
-/* Reverse: the shim listens on guest_host:guest_port inside (NULL: 127.0.0.1; port 0:
+/* Reverse: the shim listens on guest_host:guest_port inside (NULL or "localhost":
+ * 127.0.0.1 and ::1 both, refused if either is taken; port 0:
  * kernel-chosen) and each connection is relayed to local_host:local_port here (NULL:
  * 127.0.0.1). Fails with EADDRINUSE (kind REMOTE) when the port inside is taken. A
  * connection this side cannot make is reset inside and reported as SBX_TUNNEL_FAIL. */

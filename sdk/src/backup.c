@@ -219,6 +219,11 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_BACKUP;
 	req.backup = &br;
+	Shim__V1__FsOptions fso;
+	if (sbx__fs_options(opts, &req, &fso, err) < 0) {
+		free(ex);
+		return -1;
+	}
 	struct call *k = sbx__start_request(c, &req, deadline, err);
 	free(ex);
 	if (k == NULL)
@@ -588,6 +593,9 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_RESTORE;
 	req.restore = &rr;
+	Shim__V1__FsOptions fso;
+	if (sbx__fs_options(opts, &req, &fso, err) < 0)
+		return -1;
 
 	size_t chunk_max = c->max_frame < FRAME_DATA_CHUNK ? c->max_frame : FRAME_DATA_CHUNK;
 	uint8_t *buf = NULL;

@@ -127,9 +127,69 @@ Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx
 	return r;
 }
 
+int sbx__fs_options(const struct sbx_call_opts *opts, Shim__V1__Request *req, Shim__V1__FsOptions *fs,
+		    struct sbx_error *err)
+{
+	if (opts == NULL)
+		return 0;
+	if ((opts->resolve & ~(SBX_RESOLVE_NO_FOLLOW | SBX_RESOLVE_NO_SYMLINKS)) != 0)
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "unknown resolve flags %#x", opts->resolve);
+	bool user = opts->user != NULL && opts->user[0] != '\0';
+	bool group = opts->group != NULL && opts->group[0] != '\0';
+	if (!user && !group && opts->resolve == 0)
+		return 0;
+	shim__v1__fs_options__init(fs);
+	fs->user = user ? (char *)opts->user : NULL;
+	fs->group = group ? (char *)opts->group : NULL;
+	if (opts->resolve & SBX_RESOLVE_NO_FOLLOW)
+		fs->has_no_follow = fs->no_follow = 1;
+	if (opts->resolve & SBX_RESOLVE_NO_SYMLINKS)
+		fs->has_no_symlinks = fs->no_symlinks = 1;
+	req->fs = fs;
+	return 0;
+}
+
+/* The requests that take a path and so sbx_call_opts' file options. */
+static bool is_file_request(int kind)
+{
+	switch (kind) {
+	case SHIM__V1__REQUEST__KIND_STAT:
+	case SHIM__V1__REQUEST__KIND_READ:
+	case SHIM__V1__REQUEST__KIND_WRITE:
+	case SHIM__V1__REQUEST__KIND_LIST:
+	case SHIM__V1__REQUEST__KIND_MKDIR:
+	case SHIM__V1__REQUEST__KIND_REMOVE:
+	case SHIM__V1__REQUEST__KIND_RENAME:
+	case SHIM__V1__REQUEST__KIND_COPY:
+	case SHIM__V1__REQUEST__KIND_CHMOD:
+	case SHIM__V1__REQUEST__KIND_CHOWN:
+	case SHIM__V1__REQUEST__KIND_SYMLINK:
+	case SHIM__V1__REQUEST__KIND_READLINK:
+	case SHIM__V1__REQUEST__KIND_LINK:
+	case SHIM__V1__REQUEST__KIND_TRUNCATE:
+	case SHIM__V1__REQUEST__KIND_SET_TIMES:
+	case SHIM__V1__REQUEST__KIND_REALPATH:
+	case SHIM__V1__REQUEST__KIND_STATFS:
+	case SHIM__V1__REQUEST__KIND_WATCH:
+	case SHIM__V1__REQUEST__KIND_BACKUP:
+	case SHIM__V1__REQUEST__KIND_RESTORE:
+		return true;
+	default:
+		return false;
+	}
+}
+
 Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
 				   int kind, struct sbx_error *err)
 {
+	Shim__V1__Request with_fs;
+	Shim__V1__FsOptions fs;
+	if (opts != NULL && is_file_request((int)req->kind_case)) {
+		with_fs = *req;
+		if (sbx__fs_options(opts, &with_fs, &fs, err) < 0)
+			return NULL;
+		req = &with_fs;
+	}
 	uint64_t deadline = sbx__deadline(c, opts);
 	struct call *k = sbx__start_request(c, req, deadline, err);
 	if (k == NULL)

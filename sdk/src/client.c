@@ -1338,7 +1338,9 @@ SBX_API int sbx_connect(const char *target, const struct sbx_connect_opts *opts,
 		target = getenv("SBX_TARGET");
 	if (target == NULL || target[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no target given and SBX_TARGET is not set");
-	const char *token = o.token != NULL ? o.token : getenv("SBX_TOKEN");
+	/* $SBX_TOKEN is for the shims one connects to; an exec: target's command is
+	 * spawned by us and gets a token only when the caller gives one (issue 17.7) */
+	const char *token = o.token != NULL ? o.token : strncmp(target, "exec:", 5) == 0 ? NULL : getenv("SBX_TOKEN");
 	uint64_t wait_until_ns = o.wait_ms > 0 ? deadline_after(o.wait_ms) : 0;
 	unsigned backoff_ms = 10;
 	for (;;) {

@@ -286,10 +286,20 @@ SBX_API long sbx_realpath(struct sbx_client *c, const struct sbx_call_opts *opts
 SBX_API int sbx_truncate(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
 			 struct sbx_error *err)
 {
+	return sbx_truncate_ex(c, opts, path, size, 0, err);
+}
+
+SBX_API int sbx_truncate_ex(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
+			    int flags, struct sbx_error *err)
+{
+	if ((flags & ~SBX_TRUNCATE_ALLOW_SPECIAL) != 0)
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "unknown truncate flags %#x", (unsigned)flags);
 	Shim__V1__TruncateRequest m = SHIM__V1__TRUNCATE_REQUEST__INIT;
 	m.path = pathb(path);
 	m.has_size = 1;
 	m.size = size;
+	if (flags & SBX_TRUNCATE_ALLOW_SPECIAL)
+		m.has_allow_special = m.allow_special = 1;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_TRUNCATE;
 	req.truncate = &m;

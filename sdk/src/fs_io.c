@@ -19,8 +19,17 @@ static ProtobufCBinaryData pathb(const char *path)
 SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t offset,
 			  uint64_t length, sbx_sink_fn sink, void *ud, uint64_t *bytes, struct sbx_error *err)
 {
+	return sbx_read_file_ex(c, opts, path, offset, length, 0, sink, ud, bytes, err);
+}
+
+SBX_API int sbx_read_file_ex(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t offset,
+			     uint64_t length, int flags, sbx_sink_fn sink, void *ud, uint64_t *bytes,
+			     struct sbx_error *err)
+{
 	if (sink == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "no sink given");
+	if ((flags & ~SBX_READ_ALLOW_SPECIAL) != 0)
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "unknown read flags %#x", (unsigned)flags);
 	uint64_t deadline = sbx__deadline(c, opts);
 	struct sbx_cancel *tok = opts ? opts->cancel : NULL;
 	Shim__V1__ReadRequest rr = SHIM__V1__READ_REQUEST__INIT;
@@ -33,9 +42,14 @@ SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts
 		rr.has_length = 1;
 		rr.length = length;
 	}
+	if (flags & SBX_READ_ALLOW_SPECIAL)
+		rr.has_allow_special = rr.allow_special = 1;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_READ;
 	req.read = &rr;
+	Shim__V1__FsOptions fso;
+	if (sbx__fs_options(opts, &req, &fso, err) < 0)
+		return -1;
 	struct call *k = sbx__start_request(c, &req, deadline, err);
 	if (k == NULL)
 		return -1;
@@ -134,7 +148,8 @@ static int write_stream(struct sbx_client *c, const struct sbx_call_opts *opts, 
 			sbx_source_fn source, void *ud, const uint8_t *data, size_t len, struct sbx_stat *out,
 			struct sbx_error *err)
 {
-	if ((flags & ~(SBX_WRITE_APPEND | SBX_WRITE_EXCLUSIVE | SBX_WRITE_PARENTS | SBX_WRITE_NO_ATOMIC)) != 0)
+	if ((flags & ~(SBX_WRITE_APPEND | SBX_WRITE_EXCLUSIVE | SBX_WRITE_PARENTS | SBX_WRITE_NO_ATOMIC |
+		       SBX_WRITE_ALLOW_SPECIAL)) != 0)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "unknown write flags %#x", (unsigned)flags);
 	if (mode != SBX_MODE_KEEP && (mode < 0 || mode > 07777))
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "bad mode %#o", (unsigned)mode);
@@ -150,9 +165,14 @@ static int write_stream(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	wr.has_exclusive = wr.exclusive = (flags & SBX_WRITE_EXCLUSIVE) != 0;
 	wr.has_parents = wr.parents = (flags & SBX_WRITE_PARENTS) != 0;
 	wr.has_no_atomic = wr.no_atomic = (flags & SBX_WRITE_NO_ATOMIC) != 0;
+	if (flags & SBX_WRITE_ALLOW_SPECIAL)
+		wr.has_allow_special = wr.allow_special = 1;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_WRITE;
 	req.write = &wr;
+	Shim__V1__FsOptions fso;
+	if (sbx__fs_options(opts, &req, &fso, err) < 0)
+		return -1;
 
 	size_t chunk_max = c->max_frame < FRAME_DATA_CHUNK ? c->max_frame : FRAME_DATA_CHUNK;
 	uint8_t *buf = NULL;

@@ -211,6 +211,9 @@ SBX_API int sbx_list(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_LIST;
 	req.list = &lr;
+	Shim__V1__FsOptions fso;
+	if (sbx__fs_options(opts, &req, &fso, err) < 0)
+		return -1;
 	struct call *k = sbx__start_request(c, &req, deadline, err);
 	if (k == NULL)
 		return -1;
@@ -305,6 +308,9 @@ SBX_API int sbx_watch(struct sbx_client *c, const struct sbx_call_opts *opts, co
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_WATCH;
 	req.watch = &wr;
+	Shim__V1__FsOptions fso;
+	if (sbx__fs_options(opts, &req, &fso, err) < 0)
+		return -1;
 	struct call *k = sbx__start_request(c, &req, deadline, err);
 	if (k == NULL)
 		return -1;

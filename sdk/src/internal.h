@@ -192,6 +192,12 @@ void sbx__stat_from(struct sbx_stat *out, const Shim__V1__FileStat *f);
 struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
 				struct sbx_error *err);
 Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
+/* A file operation's user, group and resolve flags from opts into req->fs (pointing at
+ * *fs); nothing (no fs field: the request as before) when opts names none. -1 with
+ * err: unknown resolve bits. sbx__call_simple applies it to file requests itself; the
+ * stream openers (read, write, list, watch, backup, restore) call it. */
+int sbx__fs_options(const struct sbx_call_opts *opts, Shim__V1__Request *req, Shim__V1__FsOptions *fs,
+		    struct sbx_error *err);
 /* Request, wait, check the Result's kind (a Shim__V1__Result__KindCase). Free the
  * result with shim__v1__result__free_unpacked(). NULL with err on failure. */
 Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,

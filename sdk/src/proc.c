@@ -782,7 +782,7 @@ SBX_API int sbx_proc_signal(struct sbx_proc *p, int sig, struct sbx_error *err)
 {
 	if (p->id[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, ESRCH, NULL, "the process has no id");
-	struct sbx_call_opts o = {p->opts.timeout_ms, NULL};
+	struct sbx_call_opts o = {.timeout_ms = p->opts.timeout_ms};
 	return sbx_kill(p->client, &o, p->id, sig, err);
 }
 
@@ -800,7 +800,7 @@ SBX_API int sbx_proc_resize(struct sbx_proc *p, unsigned rows, unsigned cols, st
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_RESIZE;
 	req.resize = &rr;
-	struct sbx_call_opts o = {p->opts.timeout_ms, NULL};
+	struct sbx_call_opts o = {.timeout_ms = p->opts.timeout_ms};
 	return simple_request(p->client, &o, &req, err);
 }
 

@@ -234,8 +234,29 @@ static int open_fc(const char *spec, int timeout_ms, int *out, bool *retry, stru
 	return 0;
 }
 
+/* The caller's environment without its token (SBX_TOKEN, SBX_TOKEN_FILE): the command
+ * an exec: target runs is not the shim the token is for (ssh, podman exec, a shell). A
+ * NULL-terminated array of environ's own strings (free the array only); NULL: ENOMEM. */
+static char **env_without_token(void)
+{
+	size_t n = 0;
+	while (environ != NULL && environ[n] != NULL)
+		n++;
+	char **v = calloc(n + 1, sizeof(char *));
+	if (v == NULL)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "SBX_TOKEN=", 10) != 0 && strncmp(environ[i], "SBX_TOKEN_FILE=", 15) != 0)
+			v[k++] = environ[i];
+	v[k] = NULL;
+	return v;
+}
+
 /* exec:COMMAND: run it with /bin/sh -c over a socketpair used as its stdin and
- * stdout; its stderr stays ours, so its complaints reach the user. */
+ * stdout; its stderr stays ours, so its complaints reach the user. It gets the
+ * caller's environment without the token (env_without_token), and the HELLO it is
+ * sent carries a token only when the caller gave one (sbx_connect). */
 static int open_exec(const char *cmd, int *out, pid_t *child, struct sbx_error *err)
 {
 	int sv[2];
@@ -255,8 +276,10 @@ static int open_exec(const char *cmd, int *out, pid_t *child, struct sbx_error *
 	posix_spawnattr_setsigdefault(&attr, &dfl);
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 	char *argv[] = {(char *)"sh", (char *)"-c", (char *)(uintptr_t)cmd, NULL};
+	char **envp = env_without_token();
 	pid_t pid;
-	int rc = posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, environ);
+	int rc = envp == NULL ? ENOMEM : posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, envp);
+	free(envp);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&attr);
 	close(sv[1]);

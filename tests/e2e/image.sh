@@ -322,17 +322,29 @@ if [ "$PREPARE" = 1 ]; then
 fi
 podman image inspect "$IMG" --format 'entrypoint={{.Config.Entrypoint}} cmd={{.Config.Cmd}} size={{.Size}}'
 out=$(podman run --rm --pull=never --network=none --entrypoint sh "$IMG" -c \
-	'ls /usr/local/bin; rclone version | head -1; command -v fusermount3; ls /etc/ssl/certs/ca-certificates.crt; stat -c %a /run/sandbox-shim')
+	'ls /usr/local/bin; rclone version | head -1; command -v fusermount3; ls /etc/ssl/certs/ca-certificates.crt; stat -c %a /run/sandbox-shim; ls -d /run/sandbox-shim-state 2>&1')
 want_in "$out" "sandbox-shim" "the image's /usr/local/bin"
 want_in "$out" "sbx" "the image's /usr/local/bin"
 want_in "$out" "rclone v" "rclone in the image"
 want_in "$out" "/usr/bin/fusermount3" "fuse3 in the image"
 want_in "$out" "ca-certificates.crt" "CA certificates in the image"
-want_in "$out" $'\n700' "mode of /run/sandbox-shim"
+want_in "$out" $'\n755' "mode of /run/sandbox-shim (the shared socket directory)"
+want_in "$out" "cannot access '/run/sandbox-shim-state': No such file" "the private state dir: made by the shim, not the image"
+
+# ---------------------------------------------------------------------------------------------
+step sockdir "a shared socket dir that others may write is refused"
+# 0777 and not sticky: anyone on the host could swap the socket
+mkdir -m 0700 "$W/sockww" && chmod 0777 "$W/sockww"
+out=$(podman run --rm --pull=never --network=none -v "$W/sockww:/run/sandbox-shim" "$IMG" 2>&1)
+want_eq "$?" 1 "exit status of the image with a world-writable socket dir"
+want_in "$out" "the socket directory /run/sandbox-shim is writable by others (mode 0777" \
+	"why the image with a world-writable socket dir did not start"
 
 # ---------------------------------------------------------------------------------------------
 step pid1 "the shim as PID 1, no workload ($C1)"
-mkdir -m 0700 "$W/sock1" "$W/data1"
+# the socket dir shared with the host: any mode its owner gives it (0755 here, not 0700)
+mkdir -m 0700 "$W/data1"
+mkdir -m 0755 "$W/sock1"
 S1=unix:$W/sock1/shim.sock
 CTRS+=("$C1")
 podman run -d --pull=never --name "$C1" --network=host --device /dev/fuse --cap-add SYS_ADMIN \
@@ -357,6 +369,9 @@ logs=$(podman logs "$C1" 2>&1)
 want_in "$logs" "not listening on vsock:-1:1024: no /dev/vsock here" "vsock absent: skipped"
 want_in "$logs" "listening on unix:/run/sandbox-shim/shim.sock" "unix listener"
 want_in "$logs" "ready (pid 1, PID 1)" "ready line"
+want_eq "$(stat -c %a "$W/sock1/shim.sock")" 600 "mode of the socket in the shared dir"
+want_eq "$(stat -c %a "$W/sock1")" 755 "mode of the shared dir, unchanged"
+want_eq "$(sbxt "$S1" exec -- stat -c %a /run/sandbox-shim-state)" 700 "mode of the private state dir in the container"
 
 # a second shim in the same container, through podman exec -i ... --stdio
 SX="exec:podman exec -i $C1 sandbox-shim --stdio"
@@ -480,6 +495,12 @@ if [ -f "$ROOT/tests/lib/s3rver.sh" ] && "$SBX" --help 2>&1 | grep -qE '^ +mount
 			# left mounted: the stop below must flush and unmount it
 			echo 'written just before stop' | sbxt "$S1" put /mnt/bucket/before-stop.txt ||
 				fail "sbx put before stop"
+			# the mount's config (with the keys) is in the private state dir, never in the
+			# directory shared with the host
+			want_eq "$(ls -A "$W/sock1")" "shim.sock" "the shared socket dir holds the socket alone"
+			want_in "$(sbxt "$S1" exec -- sh -c 'ls /run/sandbox-shim-state/mounts/*/rclone.conf')" \
+				"/run/sandbox-shim-state/mounts/" "the rclone config in the private state dir"
+			grep -rqs "$S3_SECRET_KEY" "$W/sock1" && fail "the S3 secret in the shared socket dir"
 		else
 			cat "$W/mount.out" >&2
 			podman logs "$C1" 2>&1 | tail -n 20 >&2
@@ -526,7 +547,7 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 step workload "a workload as the image's command ($C2)"
-mkdir -m 0700 "$W/sock2"
+mkdir -m 0750 "$W/sock2"
 CTRS+=("$C2")
 podman run -d --pull=never --name "$C2" --network=none -v "$W/sock2:/run/sandbox-shim" "$IMG" \
 	sh -c 'echo workload-up; trap "echo workload-term; exit 3" TERM; while :; do sleep 0.1; done' >/dev/null ||
@@ -732,7 +753,7 @@ want_in "$out" "SANDBOX_SHIM_LISTEN: cannot listen on tcp:0.0.0.0:7070: a tcp li
 
 # ---------------------------------------------------------------------------------------------
 step subreaper "the shim beside the image's own init ($C3, container/Dockerfile.add-shim)"
-mkdir -m 0700 "$W/sock3"
+mkdir -m 0711 "$W/sock3"
 CTRS+=("$C3")
 podman run -d --pull=never --name "$C3" --network=none -v "$W/sock3:/run/sandbox-shim" "$IMG_ADD" >/dev/null ||
 	fail "podman run $C3"

@@ -341,6 +341,14 @@ case_global_bad()
 	has err "option '--timeout' given both before and after the command"
 	run 2 --trace -t "unix:$sock" info --trace
 	has err "option '--trace' given both before and after the command"
+	echo tok >"$T/tok"
+	run 2 --token-file "$T/tok" -t "unix:$sock" ping --token-file "$T/tok"
+	has err "sbx: ping: option '--token-file' given both before and after the command"
+	empty out
+	# the long form after the short one before is the same option
+	run 2 -t "unix:$sock" info --target "unix:$sock"
+	has err "option '-t/--target' given both before and after the command"
+	empty out
 	# repeated on one side, the last one wins, as it always did
 	run 0 -t unix:/nonexistent -t "unix:$sock" ping
 	# unknown, ambiguous and malformed options after the command
@@ -349,6 +357,20 @@ case_global_bad()
 	has err "usage: sbx [OPTIONS] ping"
 	run 2 -t "unix:$sock" stat -Q /
 	has err "unknown option '-Q'"
+	# a command without options of its own: the same messages, and nothing done
+	run 2 -t "unix:$sock" info --bogus
+	has err "sbx: info: unknown option '--bogus'"
+	has err "Try 'sbx info --help' for more information."
+	empty out
+	run 2 -t "unix:$sock" mkdir "$T/nope2" --bogus
+	has err "sbx: mkdir: unknown option '--bogus'"
+	[ ! -e "$T/nope2" ] || fail "mkdir ran despite the unknown option"
+	run 2 -t "unix:$sock" ls -Z /
+	has err "sbx: ls: unknown option '-Z'"
+	empty out
+	# reverse has no --bind (forward has): refused by name
+	run 2 -t "unix:$sock" reverse --bind 127.0.0.1 0 1
+	has err "sbx: reverse: unknown option '--bind'"
 	run 2 -t "unix:$sock" ping --json=yes
 	has err "option '--json' takes no argument"
 	run 2 -t "unix:$sock" ping --t
@@ -365,6 +387,12 @@ case_global_bad()
 	[ ! -e "$T/nope" ] || fail "mkdir ran despite the usage error"
 	run 2 --json decode /dev/null
 	has err "no JSON output"
+	run 2 -t "unix:$sock" kill --json -s TERM nosuchid
+	has err "sbx: kill: --json: this command has no JSON output"
+	empty out
+	run 2 -t "unix:$sock" help --json
+	has err "sbx: help: --json: this command has no JSON output"
+	empty out
 	stop_daemon "$DPID"
 }
 

@@ -28,7 +28,8 @@ fail()
 
 P=$T/prefix
 cmake --install "$BUILD" --prefix "$P" >"$T/install.log" 2>&1 || fail "cmake --install: $(tail -n 5 "$T/install.log")"
-for f in bin/sbx bin/sandbox-shim include/sbx.h; do
+for f in bin/sbx bin/sandbox-shim include/sbx.h share/man/man1/sbx.1 share/man/man8/sandbox-shim.8 \
+	share/bash-completion/completions/sbx; do
 	[ -e "$P/$f" ] || fail "not installed: $f"
 done
 # the .pc file sits in the libdir GNUInstallDirs chose (lib, or lib/<multiarch>)

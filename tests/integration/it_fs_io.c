@@ -640,8 +640,13 @@ static int case_in_place(void)
 	CHECK_SBX(sbx_write_file_buf(c, NULL, it_path("link"), 0, SBX_MODE_KEEP, "via link", 8, &st, &err), &err);
 	CHECK(lstat(it_path("link"), &ls) == 0 && S_ISLNK(ls.st_mode));
 	check_local(path, "via link", 8);
-	/* a device is written, never replaced */
-	CHECK_SBX(sbx_write_file_buf(c, NULL, "/dev/null", 0, SBX_MODE_KEEP, "discard", 7, &st, &err), &err);
+	/* a device is written, never replaced (with allow_special; without, EPERM) */
+	CHECK(sbx_write_file_buf(c, NULL, "/dev/null", 0, SBX_MODE_KEEP, "discard", 7, &st, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EPERM);
+	CHECK_CONTAINS(err.message, "a character device");
+	CHECK_SBX(sbx_write_file_buf(c, NULL, "/dev/null", SBX_WRITE_ALLOW_SPECIAL, SBX_MODE_KEEP, "discard", 7, &st,
+				     &err),
+		  &err);
 	CHECK_EQ(st.type, SBX_FT_CHARACTER_DEVICE);
 	CHECK(stat("/dev/null", &ls) == 0 && S_ISCHR(ls.st_mode));
 	CHECK_EQ(count_temps(it_dir()), 0);
@@ -806,7 +811,8 @@ static void *fifo_read_thread(void *arg)
 	struct fifo_reader *r = arg;
 	struct sbx_call_opts o = {.timeout_ms = -1, .cancel = r->tok};
 	uint64_t n;
-	r->rc = sbx_read_file(r->c, &o, r->path, 0, SBX_TO_END, membuf_sink, &r->m, &n, &r->err);
+	r->rc = sbx_read_file_ex(r->c, &o, r->path, 0, SBX_TO_END, SBX_READ_ALLOW_SPECIAL, membuf_sink, &r->m, &n,
+				 &r->err);
 	r->done_at = it_now_ms();
 	return NULL;
 }
@@ -825,7 +831,7 @@ static int case_fifo(void)
 	r.m.cap = 4096;
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, fifo_read_thread, &r) == 0);
-	it_sleep_ms(200); /* the open is stuck on a worker by now */
+	it_sleep_ms(200); /* the read waits for a writer on the loop by now */
 	uint64_t worst = 0;
 	struct sbx_error err;
 	for (int i = 0; i < 20; i++) {
@@ -870,8 +876,12 @@ static int case_fifo(void)
 	CHECK(r.m.len == 14 && memcmp(r.m.p, "through a pipe", 14) == 0);
 	/* no offsets on a FIFO */
 	uint64_t n;
-	CHECK(sbx_read_file(c, NULL, fifo, 1, SBX_TO_END, membuf_sink, &r.m, &n, &err) < 0);
+	CHECK(sbx_read_file_ex(c, NULL, fifo, 1, SBX_TO_END, SBX_READ_ALLOW_SPECIAL, membuf_sink, &r.m, &n, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ESPIPE);
+	/* and without allow_special, not read at all: EPERM naming the type */
+	CHECK(sbx_read_file(c, NULL, fifo, 0, SBX_TO_END, membuf_sink, &r.m, &n, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EPERM);
+	CHECK_CONTAINS(err.message, "a FIFO");
 
 	sbx_cancel_free(r.tok);
 	free(r.m.p);
@@ -928,8 +938,8 @@ static int case_nonseekable(void)
 	struct pipe_drain d = {.path = fifo, .buf = got, .cap = sizeof(got)};
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, drain_thread, &d) == 0);
-	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, fifo, SBX_WRITE_NO_ATOMIC, SBX_MODE_KEEP, data, sizeof(data), &st,
-				     &err),
+	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, fifo, SBX_WRITE_NO_ATOMIC | SBX_WRITE_ALLOW_SPECIAL, SBX_MODE_KEEP,
+				     data, sizeof(data), &st, &err),
 		  &err);
 	CHECK(pthread_join(th, NULL) == 0);
 	CHECKF(d.err == 0, "reading the FIFO: %s", strerror(d.err));
@@ -939,8 +949,8 @@ static int case_nonseekable(void)
 	struct stat ls;
 	CHECK(lstat(fifo, &ls) == 0 && S_ISFIFO(ls.st_mode));
 
-	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, "/dev/null", SBX_WRITE_NO_ATOMIC, SBX_MODE_KEEP, data,
-				     sizeof(data), &st, &err),
+	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, "/dev/null", SBX_WRITE_NO_ATOMIC | SBX_WRITE_ALLOW_SPECIAL,
+				     SBX_MODE_KEEP, data, sizeof(data), &st, &err),
 		  &err);
 	CHECK_EQ(st.type, SBX_FT_CHARACTER_DEVICE);
 	CHECK(stat("/dev/null", &ls) == 0 && S_ISCHR(ls.st_mode));
@@ -1277,10 +1287,10 @@ static int case_timeouts(void)
 	struct sbx_error err;
 	struct membuf m = {malloc(16), 0, 16};
 	uint64_t n;
-	/* a read stuck in the open of a FIFO without a writer */
+	/* a read that waits for a FIFO's writer */
 	struct sbx_call_opts o = {.timeout_ms = 200};
 	uint64_t t0 = it_now_ms();
-	CHECK(sbx_read_file(c, &o, fifo, 0, SBX_TO_END, membuf_sink, &m, &n, &err) < 0);
+	CHECK(sbx_read_file_ex(c, &o, fifo, 0, SBX_TO_END, SBX_READ_ALLOW_SPECIAL, membuf_sink, &m, &n, &err) < 0);
 	uint64_t ms = it_now_ms() - t0;
 	CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
 	CHECKF(ms >= 190 && ms < 1000, "a 200 ms timeout took %llu ms", (unsigned long long)ms);
@@ -1294,7 +1304,7 @@ static int case_timeouts(void)
 	uint8_t *data = calloc(1, big);
 	CHECK(data != NULL);
 	t0 = it_now_ms();
-	CHECK(sbx_write_file_buf(c, &o, fifo, 0, SBX_MODE_KEEP, data, big, NULL, &err) < 0);
+	CHECK(sbx_write_file_buf(c, &o, fifo, SBX_WRITE_ALLOW_SPECIAL, SBX_MODE_KEEP, data, big, NULL, &err) < 0);
 	ms = it_now_ms() - t0;
 	CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
 	CHECKF(ms >= 190 && ms < 1000, "a 200 ms timeout took %llu ms", (unsigned long long)ms);
@@ -1302,7 +1312,7 @@ static int case_timeouts(void)
 	/* and with a token fired from another thread */
 	struct sbx_cancel *tok = sbx_cancel_new();
 	struct slow_source src = {.first = 0, .tok = tok, .then = 10};
-	struct writer w = {.c = c, .path = fifo, .src = &src, .tok = tok};
+	struct writer w = {.c = c, .path = fifo, .src = &src, .tok = tok, .flags = SBX_WRITE_ALLOW_SPECIAL};
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, writer_thread, &w) == 0);
 	it_sleep_ms(100);

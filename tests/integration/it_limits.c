@@ -1,12 +1,18 @@
-/* it_limits.c: --max-connections: the connection over the limit is refused with EAGAIN, and room comes back;
+/* it_limits.c: --max-connections: the connection over the limit is refused with EAGAIN at HELLO, and room comes back;
+ * --max-pending: strangers before HELLO take their listener's budget only, and the HELLO deadline;
  * the fd budget under a small RLIMIT_NOFILE; refusals logged at most once a second. */
 #include "harness.h"
 #include "rawclient.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -112,12 +118,13 @@ static struct it_daemon *start_limited(const char *spec, const char *sock, const
 	return it_daemon_start_argv("shim", argv);
 }
 
-/* A raw connection beyond the limit: the ERROR it reads first, and how long it took
- * from connect() (microseconds). */
+/* A raw connection beyond the limit: the ERROR its HELLO gets (the admitted budget is
+ * checked at HELLO), and how long it took from connect() (microseconds). */
 static double refused_in(const char *sock, int want_code, const char *want_msg)
 {
 	double t0 = now_us();
 	int fd = raw_connect_unix(sock);
+	raw_send(fd, 0, FRAME_HELLO, 0, (const uint8_t[]){0x08, 0x01}, 2);
 	struct frame_hdr h;
 	uint8_t *p;
 	CHECKF(raw_recv(fd, &h, &p, 5000) == 1, "EOF instead of a refusal");
@@ -305,6 +312,193 @@ static int case_emfile(void)
 	return 0;
 }
 
+/* ---- strangers before HELLO (issue 17.4) ---- */
+
+/* A blocking TCP connection to 127.0.0.1:port that says nothing. */
+static int tcp_connect_raw(unsigned port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(fd >= 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	CHECKF(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect: %s", strerror(errno));
+	return fd;
+}
+
+/* The first frame on fd within timeout_ms is an ERROR on stream 0 with want_code and
+ * want_msg, then EOF; returns the microseconds from t0. */
+static double expect_refusal(int fd, double t0, int want_code, const char *want_msg, unsigned timeout_ms)
+{
+	struct frame_hdr h;
+	uint8_t *p;
+	CHECKF(raw_recv(fd, &h, &p, timeout_ms) == 1, "EOF instead of a refusal");
+	double us = now_us() - t0;
+	CHECKF(h.type == FRAME_ERROR && h.stream == 0, "got %s on stream %u, want a refusal", frame_type_name(h.type),
+	       h.stream);
+	char msg[256];
+	int code = raw_error_code(p, h.len, msg, sizeof(msg));
+	free(p);
+	CHECKF(code == want_code && strcmp(msg, want_msg) == 0, "refused with %d '%s', want %d '%s'", code, msg,
+	       want_code, want_msg);
+	CHECKF(raw_recv(fd, &h, &p, 5000) == 0, "a frame after the refusal");
+	close(fd);
+	return us;
+}
+
+static void wait_connections(struct sbx_client *c, unsigned n)
+{
+	uint64_t deadline = it_now_ms() + 10000;
+	unsigned got;
+	while ((got = connections(c)) != n) {
+		CHECKF(it_now_ms() < deadline, "the daemon counts %u connections, want %u", got, n);
+		it_sleep_ms(5);
+	}
+}
+
+/* Eight silent TCP peers and --max-connections 8: the unix socket's clients are still
+ * admitted (strangers take their listener's pre-HELLO budget, not the admitted one);
+ * the ninth stranger on TCP is refused at accept; the admitted budget is checked at
+ * HELLO, after the token. */
+static int case_strangers(void)
+{
+	const char *sock = it_path("s");
+	const char *tok = it_path("token");
+	it_write_file(tok, "t0ken\n");
+	struct it_daemon *d = it_daemon_start("shim", "--listen", it_unix_target(sock), "--listen", "tcp:127.0.0.1:0",
+					      "--token-file", tok, "--max-connections", "8", "--max-pending", "8",
+					      "--handshake-timeout", "60", NULL);
+	unsigned port = it_daemon_tcp_port(d);
+	int silent[8];
+	for (int i = 0; i < 8; i++)
+		silent[i] = tcp_connect_raw(port);
+	struct sbx_client *c[8];
+	c[0] = it_connect(it_unix_target(sock), "t0ken");
+	/* every stranger is in: 8 of them and this client */
+	wait_connections(c[0], 9);
+	struct sbx_error err;
+	CHECK_SBX(sbx_ping(c[0], NULL, NULL, &err), &err);
+
+	/* the ninth stranger on TCP: refused at once, without waiting for its HELLO */
+	double worst = 0;
+	for (int i = 0; i < 20; i++) {
+		double t0 = now_us();
+		int fd = tcp_connect_raw(port);
+		double us = expect_refusal(fd, t0, EAGAIN,
+					   "too many connections before HELLO on this listener (limit 8)", 5000);
+		if (us > worst)
+			worst = us;
+	}
+	/* an SDK client there sees the same */
+	struct sbx_client *x = NULL;
+	struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
+	o.token = "t0ken";
+	o.connect_timeout_ms = 5000;
+	CHECK(sbx_connect(it_tcp_target(port), &o, &x, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EAGAIN);
+	CHECK_CONTAINS(err.message, "too many connections before HELLO on this listener (limit 8)");
+
+	/* the unix socket fills the admitted budget, whatever waits on TCP */
+	for (int i = 1; i < 8; i++) {
+		c[i] = it_connect(it_unix_target(sock), "t0ken");
+		CHECK_SBX(sbx_ping(c[i], NULL, NULL, &err), &err);
+	}
+	wait_connections(c[0], 16);
+	/* one more with the right token: refused at HELLO (EAGAIN); a wrong token is still
+	 * told so, not that the daemon is full */
+	double t0 = now_us();
+	CHECK(sbx_connect(it_unix_target(sock), &o, &x, &err) < 0);
+	double full_us = now_us() - t0;
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EAGAIN);
+	CHECK_CONTAINS(err.message, "too many connections (limit 8)");
+	o.token = "wrong";
+	CHECK(sbx_connect(it_unix_target(sock), &o, &x, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_CONNECT, EACCES);
+	CHECK_CONTAINS(err.message, "bad token");
+	o.token = "t0ken";
+	/* the strangers never got a slot: they are still waiting, unanswered */
+	for (int i = 0; i < 8; i++) {
+		struct pollfd pfd = {.fd = silent[i], .events = POLLIN};
+		CHECKF(poll(&pfd, 1, 0) == 0, "stranger %d was answered", i);
+	}
+	printf("8 silent TCP peers, --max-connections 8: 8 unix clients admitted; the 9th TCP peer got EAGAIN 'too "
+	       "many connections before HELLO on this listener (limit 8)' in %.0f us at most (20 tries); the 9th "
+	       "unix client got EAGAIN 'too many connections (limit 8)' at its HELLO in %.0f us\n",
+	       worst, full_us);
+
+	/* room comes back: an admitted one leaves, a TCP client with the token is admitted
+	 * once a stranger leaves too */
+	sbx_client_close(c[7]);
+	close(silent[0]);
+	wait_connections(c[0], 14);
+	struct sbx_client *t = it_connect(it_tcp_target(port), "t0ken");
+	CHECK_SBX(sbx_ping(t, NULL, NULL, &err), &err);
+	sbx_client_close(t);
+	for (int i = 1; i < 8; i++)
+		close(silent[i]);
+	for (int i = 0; i < 7; i++)
+		sbx_client_close(c[i]);
+	it_daemon_stop(d);
+	return 0;
+}
+
+/* The HELLO deadline holds on TCP: a silent peer is refused with ETIMEDOUT after
+ * --handshake-timeout, and its pre-HELLO slot is free again. */
+static int case_handshake_tcp(void)
+{
+	const char *tok = it_path("token");
+	it_write_file(tok, "t0ken\n");
+	struct it_daemon *d = it_daemon_start("shim", "--listen", "tcp:127.0.0.1:0", "--token-file", tok,
+					      "--max-pending", "2", "--handshake-timeout", "1", NULL);
+	unsigned port = it_daemon_tcp_port(d);
+	double t0 = now_us();
+	int a = tcp_connect_raw(port);
+	int b = tcp_connect_raw(port);
+	/* full: the third is refused at once */
+	double t1 = now_us();
+	expect_refusal(tcp_connect_raw(port), t1, EAGAIN,
+		       "too many connections before HELLO on this listener (limit 2)", 5000);
+	double us_a = expect_refusal(a, t0, ETIMEDOUT, "no HELLO within 1 s", 10000);
+	expect_refusal(b, t0, ETIMEDOUT, "no HELLO within 1 s", 10000);
+	CHECKF(us_a >= 900000, "refused after %.0f us, before the 1 s deadline", us_a);
+	/* the slots are free again */
+	uint64_t deadline = it_now_ms() + 5000;
+	for (;;) {
+		struct sbx_client *c = NULL;
+		struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
+		struct sbx_error err;
+		o.token = "t0ken";
+		if (sbx_connect(it_tcp_target(port), &o, &c, &err) == 0) {
+			CHECK_SBX(sbx_ping(c, NULL, NULL, &err), &err);
+			sbx_client_close(c);
+			break;
+		}
+		CHECKF(it_now_ms() < deadline, "not admitted after the strangers timed out: %s", it_errstr(&err));
+		it_sleep_ms(10);
+	}
+	printf("a silent TCP peer got ETIMEDOUT 'no HELLO within 1 s' %.0f ms after its connect\n", us_a / 1000);
+	it_daemon_stop(d);
+	return 0;
+}
+
+/* Bad --max-pending values are refused with a clear message. */
+static int case_max_pending_bad(void)
+{
+	static const char *const bad[] = {"0", "-1", "x", ""};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *argv[] = {SHIM_BIN,        "--listen", it_unix_target(it_path("s")),
+				      "--max-pending", bad[i],     NULL};
+		struct it_daemon *d = it_daemon_spawn_argv("bad", argv);
+		CHECK(it_daemon_wait_exit(d, 5000));
+		CHECK(WIFEXITED(d->status) && WEXITSTATUS(d->status) == 2);
+		char want[80];
+		snprintf(want, sizeof(want), "bad --max-pending '%s' (want 1..1000000)", bad[i]);
+		char *log = it_daemon_log(d);
+		CHECKF(strstr(log, want) != NULL, "log: %s", log);
+		free(log);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -313,6 +507,9 @@ int main(int argc, char **argv)
 		{"nofile_128", case_nofile_128},
 		{"nofile_raise", case_nofile_raise},
 		{"emfile", case_emfile},
+		{"strangers", case_strangers},
+		{"handshake_tcp", case_handshake_tcp},
+		{"max_pending_bad", case_max_pending_bad},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

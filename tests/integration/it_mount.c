@@ -319,6 +319,22 @@ static int case_basic(void)
 	CHECK_EQ(rec.state, SBX_MOUNT_LIVE);
 	CHECK(rec.rclone_pid > 0);
 	CHECK(alive((pid_t)rec.rclone_pid));
+	/* rclone was given the checked directory by fd (/proc/self/fd/63/.), not its path,
+	 * which could have been swapped since the check (issue 17.7) */
+	char link[64], target[1024];
+	snprintf(link, sizeof(link), "/proc/%u/fd/63", rec.rclone_pid);
+	ssize_t tl = readlink(link, target, sizeof(target) - 1);
+	CHECKF(tl > 0, "%s: %s", link, strerror(errno));
+	target[tl] = '\0';
+	CHECKF(strcmp(target, mnt) == 0, "rclone's fd 63 is %s, not the mount point %s", target, mnt);
+	snprintf(link, sizeof(link), "/proc/%u/cmdline", rec.rclone_pid);
+	FILE *cf = fopen(link, "r");
+	CHECK(cf != NULL);
+	char argvs[8192];
+	size_t cl = fread(argvs, 1, sizeof(argvs), cf);
+	fclose(cf);
+	static const char via_fd[] = "\0/proc/self/fd/63/.\0";
+	CHECKF(memmem(argvs, cl, via_fd, sizeof(via_fd) - 1) != NULL, "rclone's mount point is not /proc/self/fd/63/.");
 	CHECK(rec.created_dir);
 	CHECK_EQ(strlen(rec.id), 36);
 	CHECK(strcmp(rec.bucket, "bkt") == 0 && strcmp(rec.path, mnt) == 0 && !rec.read_only);
@@ -850,6 +866,56 @@ static int case_rclone_killed(void)
 	return 0;
 }
 
+/* The shim dies with a live mount (SIGKILL): rclone goes with it (its parent-death
+ * signal); the next shim with the same state dir removes the mount's runtime dir (the
+ * rclone config with the keys, the log, the cache) and detaches what is left of the
+ * FUSE mount (issue 17.7). */
+static int case_crash_sweep(void)
+{
+	s3_start();
+	struct sbx_client *c = start_shim();
+	char mnt[1024];
+	keep(mnt, it_path("crash"));
+	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
+	struct sbx_mount_record rec;
+	struct sbx_error err;
+	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
+	char conf[2200];
+	snprintf(conf, sizeof(conf), "%s/rclone.conf", rundir(rec.id));
+	CHECK(exists(conf));
+	CHECK(kill(shim_->pid, SIGKILL) == 0);
+	CHECK(it_daemon_wait_exit(shim_, 5000));
+	sbx_client_close(c);
+	c_ = NULL;
+	uint64_t end = it_now_ms() + 10000;
+	while (alive((pid_t)rec.rclone_pid)) {
+		CHECKF(it_now_ms() < end, "rclone %u outlived the shim", rec.rclone_pid);
+		it_sleep_ms(20);
+	}
+	CHECKF(exists(conf), "the config went with the crash: nothing left to sweep");
+	c = start_shim();
+	CHECKF(!exists(rundir(rec.id)), "%s is still there after the restart", rundir(rec.id));
+	CHECKF(strncmp(fstype_at(mnt), "fuse", 4) != 0, "still a FUSE mount at %s: %s", mnt, fstype_at(mnt));
+	char *log = it_daemon_log(shim_);
+	char want[2400];
+	snprintf(want, sizeof(want), "mount: removed %s, left by a mount of a daemon that is gone", rundir(rec.id));
+	CHECK_CONTAINS(log, want);
+	snprintf(want, sizeof(want), "mount: detached the dead FUSE mount at %s, left by a daemon that is gone", mnt);
+	CHECK_CONTAINS(log, want);
+	printf("after a SIGKILL of the shim: rclone gone, its runtime dir swept and its dead FUSE mount detached at "
+	       "the next start\n");
+	free(log);
+	struct sbx_info in;
+	CHECK_SBX(sbx_info(c, &no_timeout, &in, &err), &err);
+	CHECK_EQ(in.mounts, 0);
+	/* the path can be mounted again */
+	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
+	struct sbx_mount_record un;
+	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, &un, &err), &err);
+	stop_all();
+	return 0;
+}
+
 static void *fire_later(void *arg)
 {
 	it_sleep_ms(300);
@@ -1134,6 +1200,7 @@ int main(int argc, char **argv)
 		{"secrets", case_secrets},
 		{"flush_timeout", case_flush_timeout},
 		{"rclone_killed", case_rclone_killed},
+		{"crash_sweep", case_crash_sweep},
 		{"hung", case_hung},
 		{"shutdown", case_shutdown},
 		{"pid1_shutdown", case_pid1_shutdown},

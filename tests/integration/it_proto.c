@@ -477,7 +477,18 @@ static void refusals_limits(void)
 	it_daemon_start("one", "--listen", it_unix_target(sock), "--max-connections", "1", NULL);
 	int held = ready(sock, 0);
 	int fd = raw_connect_unix(sock);
+	/* checked at HELLO: the admitted budget */
+	send_hello(fd, NULL, 0, 0);
 	expect_refusal(fd, "too many connections (limit N)", "too many connections (limit 1)");
+	close(held);
+
+	/* one connection before HELLO per listener */
+	sock = it_path("pend");
+	it_daemon_start("pend", "--listen", it_unix_target(sock), "--max-pending", "1", NULL);
+	held = raw_connect_unix(sock);
+	fd = raw_connect_unix(sock);
+	expect_refusal(fd, "too many connections before HELLO on this listener (limit N)",
+		       "too many connections before HELLO on this listener (limit 1)");
 	close(held);
 
 	/* another uid only */

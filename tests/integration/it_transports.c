@@ -4,6 +4,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +208,8 @@ static void make_stale_socket(const char *path)
 	CHECK(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode));
 }
 
-/* Leftover temporary socket names ("PATH.PID.tmp") in dir. */
+/* Leftover temporary socket names in dir: "PATH.PID.tmp" (once), ".NAME.RANDOM" (the
+ * private directory the socket is bound in). */
 static int count_tmp_names(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -213,6 +219,8 @@ static int count_tmp_names(const char *dir)
 	while ((e = readdir(d)) != NULL) {
 		size_t len = strlen(e->d_name);
 		if (len > 4 && strcmp(e->d_name + len - 4, ".tmp") == 0)
+			n++;
+		else if (e->d_name[0] == '.' && strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
 			n++;
 	}
 	closedir(d);
@@ -274,6 +282,257 @@ static int case_not_a_socket(void)
 	CHECK(fgets(buf, sizeof(buf), f) != NULL);
 	fclose(f);
 	CHECK(strcmp(buf, "precious data\n") == 0);
+	return 0;
+}
+
+/* ---- the socket's creation against a racer (issue 17.5) ---- */
+
+#define NOBODY 65534
+
+/* The racer, run as nobody (setpriv): in DIR (sticky, world-writable), on every new
+ * entry the shim makes, try to plant a symlink to STANDIN inside it, swap it for a
+ * symlink, and put a symlink to STANDIN at the socket's own NAME; until STOP exists
+ * or the test is gone. A file "sync-N" is answered with "racer-ack-N": every event
+ * before it has been handled. */
+static int racer_main(const char *dir, const char *name, const char *standin, const char *stop, pid_t test)
+{
+	int in = inotify_init1(IN_CLOEXEC);
+	if (in < 0 || inotify_add_watch(in, dir, IN_CREATE | IN_MOVED_TO | IN_ATTRIB | IN_CLOSE_WRITE) < 0)
+		return 3;
+	if (chdir(dir) < 0)
+		return 3;
+	unsigned tries = 0;
+	for (;;) {
+		struct pollfd pfd = {.fd = in, .events = POLLIN};
+		if (access(stop, F_OK) == 0 || (kill(test, 0) < 0 && errno == ESRCH))
+			break;
+		if (poll(&pfd, 1, 20) == 0)
+			continue;
+		char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+		ssize_t n = read(in, buf, sizeof(buf));
+		if (n <= 0)
+			return 5;
+		for (char *p = buf; n > 0 && p < buf + n;) {
+			struct inotify_event *ev = (struct inotify_event *)p;
+			p += sizeof(*ev) + ev->len;
+			if (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_Q_OVERFLOW))
+				return ev->mask & IN_Q_OVERFLOW ? 6 : 0;
+			/* the racer's own renames arrive as IN_MOVED_TO: only what others make */
+			if (ev->len == 0 || strncmp(ev->name, "racer-", 6) == 0 || (ev->mask & IN_MOVED_TO))
+				continue;
+			char path[600], mine[64];
+			if (strncmp(ev->name, "sync-", 5) == 0) {
+				snprintf(path, sizeof(path), "racer-ack-%s", ev->name + 5);
+				close(open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+				continue;
+			}
+			if (strcmp(ev->name, name) == 0)
+				continue; /* the shim's socket arriving: too late to swap */
+			/* into the shim's new directory (or through a name it made) */
+			snprintf(path, sizeof(path), "%s/s", ev->name);
+			if (symlink(standin, path) == 0)
+				tries += 1000;
+			snprintf(path, sizeof(path), "%s/%s", ev->name, name);
+			(void)!symlink(standin, path);
+			/* the entry itself swapped for a symlink */
+			snprintf(mine, sizeof(mine), "racer-%u", tries++);
+			if (symlink(standin, mine) == 0 && rename(mine, ev->name) < 0)
+				unlink(mine);
+			/* and the socket's name */
+			snprintf(mine, sizeof(mine), "racer-%u", tries++);
+			if (symlink(standin, mine) == 0 && rename(mine, name) < 0)
+				unlink(mine);
+			(void)!chmod(ev->name, 0777);
+		}
+	}
+	return 0;
+}
+
+static void check_standin(const char *standin)
+{
+	struct stat st;
+	CHECK(lstat(standin, &st) == 0);
+	CHECKF(S_ISREG(st.st_mode) && (st.st_mode & 07777) == 0600 && st.st_uid == 0 && st.st_gid == 0,
+	       "the stand-in is now mode %04o uid %u gid %u", (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid,
+	       (unsigned)st.st_gid);
+	FILE *f = fopen(standin, "r");
+	CHECK(f != NULL);
+	char buf[64] = "";
+	CHECK(fgets(buf, sizeof(buf), f) != NULL);
+	fclose(f);
+	CHECKF(strcmp(buf, "root secret\n") == 0, "the stand-in now holds '%s'", buf);
+}
+
+/* A sticky world-writable socket directory (as /tmp) with nobody racing in it: the old
+ * names ("PATH.PID.tmp") pre-planted as symlinks to a root 0600 stand-in for the next
+ * few thousand pids, and an inotify racer swapping every name the shim makes; 10
+ * starts. The stand-in stays byte-for-byte and mode-for-mode, the planted links are
+ * untouched, and PATH is always the shim's own socket (0600, root, its pid answers). */
+static int case_socket_racer(void)
+{
+	if (geteuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+		printf("needs root and setpriv(1): skipped\n");
+		return 0;
+	}
+	/* nobody may pass through the test's directory (not list it) */
+	CHECK(chmod(it_dir(), 0711) == 0);
+	const char *dir = it_path("sticky");
+	const char *standin = it_path("standin");
+	const char *stop = it_path("stop");
+	CHECK(mkdir(dir, 0700) == 0 && chmod(dir, 01777) == 0);
+	it_write_file(standin, "root secret\n");
+	char sock[300];
+	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+
+	/* the old code's temporary names, as nobody's symlinks to the stand-in */
+	unsigned last = 0;
+	FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "r");
+	CHECK(f != NULL && fscanf(f, "%u", &last) == 1);
+	fclose(f);
+	unsigned planted = 0;
+	pid_t pl = fork();
+	CHECK(pl >= 0);
+	if (pl == 0) {
+		if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
+		    setresuid(NOBODY, NOBODY, NOBODY) < 0)
+			_exit(3);
+		for (unsigned p = last + 1; p < last + 3000; p++) {
+			char name[400];
+			snprintf(name, sizeof(name), "%s.%u.tmp", sock, p);
+			if (symlink(standin, name) < 0)
+				_exit(4);
+		}
+		_exit(0);
+	}
+	int st;
+	CHECK(waitpid(pl, &st, 0) == pl && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	planted = 2999;
+
+	/* the test's own binary, by its real path (nobody may not read our /proc) */
+	char self[4096];
+	ssize_t sn = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	CHECK(sn > 0);
+	self[sn] = '\0';
+	pid_t r = fork();
+	CHECK(r >= 0);
+	if (r == 0) {
+		char test[16];
+		snprintf(test, sizeof(test), "%d", (int)getppid());
+		execl("/usr/bin/setpriv", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", self,
+		      "--racer", dir, "s.sock", standin, stop, test, (char *)NULL);
+		_exit(127);
+	}
+	unsigned started = 0;
+	for (int i = 0; i < 10; i++) {
+		/* the racer has handled every event so far (it is ready, or done with the last
+		 * start): then what it put at the name since the last stop goes (the test's
+		 * own clean-up, not the shim's) */
+		char sync[320], ack[340];
+		snprintf(sync, sizeof(sync), "%s/sync-%d", dir, i);
+		snprintf(ack, sizeof(ack), "%s/racer-ack-%d", dir, i);
+		uint64_t deadline = it_now_ms() + 10000;
+		for (;;) {
+			it_write_file(sync, "");
+			if (access(ack, F_OK) == 0)
+				break;
+			CHECKF(it_now_ms() < deadline, "the racer does not answer");
+			CHECKF(waitpid(r, &st, WNOHANG) == 0, "the racer exited (status 0x%x)", st);
+			it_sleep_ms(20);
+		}
+		unlink(sync);
+		unlink(ack);
+		unlink(sock);
+		char name[32];
+		snprintf(name, sizeof(name), "shim%d", i);
+		struct it_daemon *d = it_daemon_start(name, "--listen", it_unix_target(sock), NULL);
+		struct stat ss;
+		CHECK(lstat(sock, &ss) == 0);
+		CHECKF(S_ISSOCK(ss.st_mode) && (ss.st_mode & 07777) == 0600 && ss.st_uid == 0,
+		       "PATH is mode 0%o uid %u, not the shim's socket", (unsigned)ss.st_mode, (unsigned)ss.st_uid);
+		struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+		CHECK_EQ(sbx_client_server(c)->pid, d->pid);
+		struct sbx_error err;
+		CHECK_SBX(sbx_ping(c, NULL, NULL, &err), &err);
+		sbx_client_close(c);
+		check_standin(standin);
+		it_daemon_stop(d);
+		started++;
+	}
+	it_write_file(stop, "");
+	CHECK(waitpid(r, &st, 0) == r);
+	CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "racer status 0x%x", st);
+	check_standin(standin);
+	/* every planted link is still there, still a link (the old code unlinked its own
+	 * name and bound a socket there) */
+	unsigned links = 0;
+	for (unsigned p = last + 1; p < last + 3000; p++) {
+		char name[400];
+		snprintf(name, sizeof(name), "%s.%u.tmp", sock, p);
+		struct stat ls;
+		if (lstat(name, &ls) == 0 && S_ISLNK(ls.st_mode) && ls.st_uid == NOBODY)
+			links++;
+	}
+	CHECK_EQ(links, planted);
+	/* and no private directory of the shim's is left behind */
+	DIR *dd = opendir(dir);
+	CHECK(dd != NULL);
+	unsigned left = 0;
+	for (struct dirent *e; (e = readdir(dd)) != NULL;) {
+		struct stat ds;
+		if (e->d_name[0] == '.' && strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+		    fstatat(dirfd(dd), e->d_name, &ds, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ds.st_mode))
+			left++;
+	}
+	closedir(dd);
+	CHECK_EQ(left, 0);
+	printf("%u starts with a racer as nobody in a sticky dir: the stand-in unchanged, PATH the shim's socket each "
+	       "time, %u planted PATH.PID.tmp links untouched\n",
+	       started, planted);
+	return 0;
+}
+
+/* A socket directory that others can write and that is not a sticky root-owned one is
+ * refused, naming it; so is a group-writable one. A sticky one owned by another user
+ * too (its owner could swap names). */
+static int case_socket_dir_writable(void)
+{
+	static const struct {
+		const char *name;
+		mode_t mode;
+		uid_t owner;
+	} dirs[] = {{"ww", 0777, 0}, {"gw", 0770, 0}, {"sticky-nobody", 01777, NOBODY}};
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		const char *dir = it_path(dirs[i].name);
+		CHECK(mkdir(dir, 0700) == 0 && chmod(dir, dirs[i].mode) == 0);
+		if (dirs[i].owner != 0 && (geteuid() != 0 || chown(dir, dirs[i].owner, (gid_t)-1) < 0))
+			continue;
+		char sock[300];
+		snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+		struct it_daemon *d = it_daemon_spawn(dirs[i].name, "--listen", it_unix_target(sock), NULL);
+		char why[600];
+		snprintf(
+			why, sizeof(why),
+			"cannot listen on unix:%s: the socket directory %s is writable by others (mode %04o, owner uid "
+			"%u): use a directory that only its owner can write, or a sticky root-owned one: Operation not "
+			"permitted",
+			sock, dir, (unsigned)dirs[i].mode, (unsigned)dirs[i].owner);
+		expect_start_failure(d, why);
+		struct stat st;
+		CHECKF(lstat(sock, &st) < 0 && errno == ENOENT, "something was created at %s", sock);
+		CHECK_EQ(it_count_entries(dir), 0);
+		CHECK_EQ(count_tmp_names(dir), 0);
+	}
+	/* the same directory made 0755 (or sticky and root's): served */
+	const char *ok = it_path("ww");
+	CHECK(chmod(ok, 0755) == 0);
+	char sock[300];
+	snprintf(sock, sizeof(sock), "%s/s.sock", ok);
+	it_daemon_start("ok", "--listen", it_unix_target(sock), NULL);
+	ping_once(it_unix_target(sock), NULL);
+	CHECK(chmod(ok, 01777) == 0);
+	snprintf(sock, sizeof(sock), "%s/t.sock", ok);
+	it_daemon_start("ok2", "--listen", it_unix_target(sock), NULL);
+	ping_once(it_unix_target(sock), NULL);
 	return 0;
 }
 
@@ -599,6 +858,61 @@ static int case_env_stdio(void)
 	return 0;
 }
 
+/* The token file is checked as ssh checks a key: ours (or root's), no access for group
+ * or others; else the shim refuses to start and says why. The same for the file the
+ * environment names. */
+static int case_token_file_mode(void)
+{
+	const char *tok = it_path("token");
+	const char *sock = it_path("s");
+	static const struct {
+		mode_t mode;
+		uid_t owner;
+	} bad[] = {{0644, 0}, {0640, 0}, {0604, 0}, {0660, 0}, {0600, NOBODY}};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		it_write_file(tok, "s3cret\n");
+		CHECK(chmod(tok, bad[i].mode) == 0);
+		if (bad[i].owner != geteuid() && (geteuid() != 0 || chown(tok, bad[i].owner, (gid_t)-1) < 0))
+			continue;
+		char why[600];
+		snprintf(why, sizeof(why),
+			 "sandbox-shim: %s: the token file must be a regular file owned by uid 0 and not accessible to "
+			 "group or others (it is a file, owner uid %u, mode %04o): chmod 600 it",
+			 tok, (unsigned)bad[i].owner, (unsigned)bad[i].mode);
+		if (geteuid() != 0)
+			continue; /* the message names the shim's uid "or root" then */
+		struct it_daemon *d =
+			it_daemon_spawn("bad", "--listen", it_unix_target(sock), "--token-file", tok, NULL);
+		expect_start_failure(d, why);
+		/* the environment's: the same check, named by the variable */
+		char var[300], why_env[700];
+		snprintf(var, sizeof(var), "SANDBOX_SHIM_TOKEN_FILE=%s", tok);
+		snprintf(why_env, sizeof(why_env), "sandbox-shim: SANDBOX_SHIM_TOKEN_FILE: %s",
+			 why + strlen("sandbox-shim: "));
+		d = env_daemon("bad-env", false, VARS(var), ARGS("--listen", it_unix_target(sock)));
+		expect_start_failure(d, why_env);
+		struct stat st;
+		CHECK(lstat(sock, &st) < 0 && errno == ENOENT);
+		CHECK(unlink(tok) == 0);
+	}
+	/* not a regular file */
+	const char *dir = it_path("tokdir");
+	CHECK(mkdir(dir, 0700) == 0);
+	struct it_daemon *d = it_daemon_spawn("dir", "--listen", it_unix_target(sock), "--token-file", dir, NULL);
+	expect_start_failure(d, "the token file must be a regular file");
+	/* 0600 and ours: served, with the token */
+	it_write_file(tok, "s3cret\n");
+	CHECK(chmod(tok, 0600) == 0);
+	it_daemon_start("ok", "--listen", it_unix_target(sock), "--token-file", tok, NULL);
+	ping_once(it_unix_target(sock), "s3cret");
+	/* read-only for its owner is fine too */
+	const char *sock2 = it_path("s2");
+	CHECK(chmod(tok, 0400) == 0);
+	it_daemon_start("ok-ro", "--listen", it_unix_target(sock2), "--token-file", tok, NULL);
+	ping_once(it_unix_target(sock2), "s3cret");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -618,6 +932,12 @@ int main(int argc, char **argv)
 		{"env_bad_addr", case_env_bad_addr},
 		{"env_token_file", case_env_token_file},
 		{"env_stdio", case_env_stdio},
+		{"socket_racer", case_socket_racer},
+		{"socket_dir_writable", case_socket_dir_writable},
+		{"token_file_mode", case_token_file_mode},
 	};
+	/* the racer of socket_racer, run as nobody through setpriv */
+	if (argc == 7 && strcmp(argv[1], "--racer") == 0)
+		return racer_main(argv[2], argv[3], argv[4], argv[5], (pid_t)atoi(argv[6]));
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

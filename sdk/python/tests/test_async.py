@@ -63,6 +63,22 @@ class Async(unittest.IsolatedAsyncioTestCase):
         with self.assertRaises(SandboxFileNotFoundError):
             await f.read_file(self.p("d/c"))
 
+    async def test_special_files(self) -> None:
+        f = self.shim.files
+        os.mkfifo(self.p("fifo"))
+        with self.assertRaises(PermissionError) as cm:
+            await f.read_file(self.p("fifo"))
+        self.assertIn("a FIFO, not a regular file", str(cm.exception))
+        with self.assertRaises(PermissionError):
+            await f.write_file(self.p("fifo"), b"x", atomic=False)
+        with self.assertRaises(PermissionError):
+            await f.truncate(self.p("fifo"), 0)
+        self.assertEqual(await f.read_file("/dev/zero", length=70000, allow_special=True), bytes(70000))
+        chunks = [c async for c in f.open_read("/dev/zero", length=5000, allow_special=True)]
+        self.assertEqual(b"".join(chunks), bytes(5000))
+        st = await f.write_file("/dev/null", b"gone", allow_special=True)
+        self.assertEqual(st.type, "character_device")
+
     async def test_watch(self) -> None:
         async def touch() -> None:
             await asyncio.sleep(0.2)

@@ -107,7 +107,9 @@ class FromTheShim(ShimCase):
         import tempfile
 
         tmp = tempfile.mkdtemp(prefix="sbxpy-nobody-")
-        os.chmod(tmp, 0o777)
+        # nobody's own directory for its socket (a world-writable one is refused by the shim)
+        os.chown(tmp, 65534, 65534)
+        os.chmod(tmp, 0o755)
         sock = os.path.join(tmp, "s")
         log = open(os.path.join(tmp, "log"), "wb")
         proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
@@ -190,6 +192,7 @@ class FromTheShim(ShimCase):
         tokfile = self.p("token")
         with open(tokfile, "w") as h:
             h.write("s3cret\n")
+        os.chmod(tokfile, 0o600)  # the shim refuses a token file others can read
         d = Daemon("--token-file", tokfile)
         try:
             with self.assertRaises(E.SandboxConnectionError):
@@ -212,6 +215,7 @@ class FromTheShim(ShimCase):
         tokfile = self.p("tcp-token")
         with open(tokfile, "w") as h:
             h.write("tcp-secret\n")
+        os.chmod(tokfile, 0o600)  # the shim refuses a token file others can read
         d = Daemon("--listen", "tcp:127.0.0.1:0", "--token-file", tokfile)
         try:
             port = re.search(r"listening on tcp:127\.0\.0\.1:(\d+)", d.read_log()).group(1)

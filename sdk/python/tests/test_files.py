@@ -16,6 +16,7 @@ from sandbox_shim import (
     SandboxError,
     SandboxFileExistsError,
     SandboxFileStat,
+    SandboxPermissionError,
     SandboxTimeoutError,
 )
 
@@ -363,6 +364,69 @@ class Changes(ShimCase):
         open(self.p("a"), "w").close()
         self.shim.files.link(self.p("a"), self.p("b"))
         self.assertEqual(os.stat(self.p("a")).st_ino, os.stat(self.p("b")).st_ino)
+
+
+class SpecialFiles(ShimCase):
+    """FIFOs, sockets and devices: refused (EPERM naming the type) unless allow_special."""
+
+    def test_fifo_refused_then_allowed(self) -> None:
+        f = self.shim.files
+        fifo = self.p("fifo")
+        os.mkfifo(fifo, 0o644)
+        before = os.lstat(fifo)
+        t0 = time.monotonic()
+        for call in (lambda: f.read_file(fifo),
+                     lambda: f.write_file(fifo, b"planted"),
+                     lambda: f.write_file(fifo, b"planted", atomic=False),
+                     lambda: f.write_file(fifo, b"planted", append=True),
+                     lambda: f.truncate(fifo, 0)):
+            with self.assertRaises(SandboxPermissionError) as cm:
+                call()
+            self.assertEqual(cm.exception.errno_name, "EPERM")
+            self.assertIn("a FIFO, not a regular file", str(cm.exception))
+            self.assertIn("allow_special", str(cm.exception))
+        self.assertLess(time.monotonic() - t0, 5.0)
+        after = os.lstat(fifo)
+        self.assertTrue(pystat.S_ISFIFO(after.st_mode))
+        self.assertEqual((after.st_ino, after.st_mode), (before.st_ino, before.st_mode))
+        self.assertEqual([n for n in os.listdir(self.d) if n.startswith(".")], [])
+
+        def writer() -> None:
+            with open(fifo, "wb") as w:
+                w.write(b"hello")
+
+        t = threading.Thread(target=writer)
+        t.start()
+        self.assertEqual(f.read_file(fifo, allow_special=True), b"hello")
+        t.join()
+
+        got = []
+
+        def reader() -> None:
+            with open(fifo, "rb") as r:
+                got.append(r.read())
+
+        t = threading.Thread(target=reader)
+        t.start()
+        data = os.urandom(200000)  # more than a pipe holds
+        f.write_file(fifo, data, allow_special=True)
+        t.join()
+        self.assertEqual(got, [data])
+        # truncate with allow_special: no reader, the non-blocking open says ENXIO
+        with self.assertRaises(SandboxError) as cm:
+            f.truncate(fifo, 0, allow_special=True)
+        self.assertEqual(cm.exception.errno_name, "ENXIO")
+
+    def test_devices(self) -> None:
+        f = self.shim.files
+        with self.assertRaises(SandboxPermissionError) as cm:
+            f.read_file("/dev/zero", length=16)
+        self.assertIn("a character device", str(cm.exception))
+        self.assertEqual(f.read_file("/dev/zero", length=1 << 20, allow_special=True), bytes(1 << 20))
+        chunks = list(f.open_read("/dev/urandom", length=4096, allow_special=True))
+        self.assertEqual(sum(len(c) for c in chunks), 4096)
+        with self.assertRaises(TypeError):
+            f.read_file("/dev/zero", length=1, allow_special=1)  # type: ignore[arg-type]
 
 
 class Watch(ShimCase):

@@ -137,6 +137,64 @@ class Transports(ShimCase):
         self.assertNotIn("noise-on-stderr", out.stderr)
         self.assertNotIn("it-went-wrong", out.stderr)
 
+    def test_exec_no_token(self) -> None:
+        # an exec: command gets neither SBX_TOKEN nor SBX_TOKEN_FILE, and its HELLO no
+        # token unless one is given; the command records its environment and (through
+        # tee) every byte sent to it
+        shim_bin = os.environ.get("SHIM_BIN", "sandbox-shim")
+        env_f, hello_f = self.p("env"), self.p("hello")
+        # the shim's stdout is a pipe to cat: the shim makes its stdout non-blocking, and
+        # the socket there would be tee's stdin too
+        target = (f"exec:env > '{env_f}'; tee '{hello_f}' | '{shim_bin}' --stdio --state-dir '{self.p('st2')}'"
+                  " | cat")
+        saved = {k: os.environ.get(k) for k in ("SBX_TOKEN", "SBX_TOKEN_FILE", "SBX_TARGET", "SBX_KEEP_ME")}
+        os.environ.update(SBX_TOKEN="py-env-secret-1", SBX_TOKEN_FILE="/py/secret-file-2", SBX_KEEP_ME="kept")
+        try:
+            def files() -> tuple:
+                with open(env_f, "rb") as f, open(hello_f, "rb") as g:
+                    return f.read(), g.read()
+
+            def check_env(env: bytes) -> None:
+                self.assertNotIn(b"py-env-secret-1", env)
+                self.assertNotIn(b"SBX_TOKEN", env)
+                self.assertNotIn(b"secret-file-2", env)
+                self.assertIn(b"SBX_KEEP_ME=kept\n", env)
+
+            with Shim.connect(target) as s:
+                self.assertEqual(s.commands.run(["echo", "ok"]).stdout, "ok\n")
+            env, hello = files()
+            check_env(env)
+            self.assertTrue(hello)
+            self.assertNotIn(b"py-env-secret-1", hello)
+            # the token given here is sent; the environment's still is not passed on
+            with Shim.connect(target, token="py-explicit-3") as s:
+                s.ping()
+            env, hello = files()
+            check_env(env)
+            self.assertIn(b"py-explicit-3", hello)
+            # the same through $SBX_TARGET, and for AsyncShim
+            os.environ["SBX_TARGET"] = target
+            with Shim.connect() as s:
+                s.ping()
+            env, hello = files()
+            check_env(env)
+            self.assertNotIn(b"py-env-secret-1", hello)
+
+            async def go() -> None:
+                async with await AsyncShim.connect(target) as a:
+                    await a.ping()
+
+            asyncio.run(go())
+            env, hello = files()
+            check_env(env)
+            self.assertNotIn(b"py-env-secret-1", hello)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
     def test_exec_stderr_inherit(self) -> None:
         code = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom sandbox_shim import Shim, SandboxError\n"
                 "try:\n    Shim.connect('exec:echo shown-to-us >&2; exit 3', exec_stderr='inherit')\n"

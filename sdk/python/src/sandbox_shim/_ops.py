@@ -64,6 +64,44 @@ def info_result(i: "_pb.InfoReply") -> ShimInfo:
 
 # ---- files ----
 
+UserSpec = Union[str, int, None]
+
+
+def id_spec(value: UserSpec, name: str) -> Optional[str]:
+    """A user or group for Request.fs: a name, or a number (int or decimal str)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= 0xFFFFFFFE:
+            raise ValueError(f"{name} must be between 0 and 4294967294, got {value}")
+        return str(value)
+    check_type(name, value, str, "a name, a number or None")
+    if value == "" or "\0" in value or ":" in value:
+        raise ValueError(f"{name} must be a non-empty name or number without ':' or NUL, got {value!r}")
+    return value
+
+
+def fs_options(user: UserSpec, group: UserSpec, no_follow: bool, no_symlinks: bool,
+               base: Optional["_pb.FsOptions"] = None) -> Optional["_pb.FsOptions"]:
+    """A file operation's identity and resolve flags (Request.fs, PROTOCOL.md 12.1.1),
+    over a view's defaults (base): a user given replaces the view's user and group, a
+    group alone the view's group; the flags add up. None when nothing is set (the
+    request then goes without an fs field, as before)."""
+    u = id_spec(user, "user")
+    g = id_spec(group, "group")
+    check_bool("no_follow", no_follow)
+    check_bool("no_symlinks", no_symlinks)
+    if base is not None:
+        if u is None:
+            u = base.user
+            if g is None:
+                g = base.group
+        no_follow = no_follow or bool(base.no_follow)
+        no_symlinks = no_symlinks or bool(base.no_symlinks)
+    if u is None and g is None and not no_follow and not no_symlinks:
+        return None
+    return _pb.FsOptions(user=u, group=g, no_follow=no_follow or None, no_symlinks=no_symlinks or None)
+
 
 def mode_arg(mode: Optional[int], name: str = "mode") -> Optional[int]:
     if mode is None:
@@ -84,8 +122,9 @@ def stat_result(p: bytes, res: "_pb.Result") -> SandboxFileStat:
     return SandboxFileStat._from_pb(os.fsdecode(p), expect(res, "stat"))
 
 
-def read_req(path: Any, offset: int, length: Optional[int]) -> "_pb.Request":
+def read_req(path: Any, offset: int, length: Optional[int], allow_special: bool = False) -> "_pb.Request":
     p = fspath(path)
+    check_bool("allow_special", allow_special)
     check_type("offset", offset, int, "an int")
     if offset < 0:
         raise ValueError("offset must not be negative")
@@ -93,7 +132,7 @@ def read_req(path: Any, offset: int, length: Optional[int]) -> "_pb.Request":
         check_type("length", length, int, "an int or None")
         if length < 0:
             raise ValueError("length must not be negative")
-    return R(read=_pb.ReadRequest(path=p, offset=offset or None, length=length))
+    return R(read=_pb.ReadRequest(path=p, offset=offset or None, length=length, allow_special=allow_special or None))
 
 
 # Extra credit granted for reads and backups on top of the initial window (as libsbx
@@ -113,13 +152,15 @@ def check_read_end(res: "_pb.Result", delivered: int, fin: bool) -> int:
 
 
 def write_req(path: Any, mode: Optional[int], append: bool, exclusive: bool, parents: bool,
-              atomic: bool) -> Tuple[bytes, "_pb.Request"]:
+              atomic: bool, allow_special: bool = False) -> Tuple[bytes, "_pb.Request"]:
     p = fspath(path)
     m = mode_arg(mode)
-    for name, v in (("append", append), ("exclusive", exclusive), ("parents", parents), ("atomic", atomic)):
+    for name, v in (("append", append), ("exclusive", exclusive), ("parents", parents), ("atomic", atomic),
+                    ("allow_special", allow_special)):
         check_bool(name, v)
     return p, R(write=_pb.WriteRequest(path=p, mode=m, append=append or None, exclusive=exclusive or None,
-                                       parents=parents or None, no_atomic=None if atomic else True))
+                                       parents=parents or None, no_atomic=None if atomic else True,
+                                       allow_special=allow_special or None))
 
 
 def write_result(p: bytes, res: "_pb.Result") -> SandboxFileStat:
@@ -319,12 +360,13 @@ def path_result(res: "_pb.Result") -> str:
     return os.fsdecode(expect(res, "path").path)
 
 
-def truncate_req(path: Any, size: int) -> "_pb.Request":
+def truncate_req(path: Any, size: int, allow_special: bool = False) -> "_pb.Request":
     p = fspath(path)
     check_type("size", size, int, "an int")
+    check_bool("allow_special", allow_special)
     if size < 0:
         raise ValueError("size must not be negative")
-    return R(truncate=_pb.TruncateRequest(path=p, size=size))
+    return R(truncate=_pb.TruncateRequest(path=p, size=size, allow_special=allow_special or None))
 
 
 def touch_req(path: Any, create: bool) -> "_pb.Request":

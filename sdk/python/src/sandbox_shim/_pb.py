@@ -3542,11 +3542,12 @@ class StatRequest(_Message):
 class ReadRequest(_Message):
     """message shim.v1.ReadRequest"""
 
-    __slots__ = ("path", "offset", "length")
+    __slots__ = ("path", "offset", "length", "allow_special")
     _FIELDS = (
         (1, "path", "required", "scalar", "bytes", None),
         (2, "offset", "optional", "scalar", "uint64", None),
         (3, "length", "optional", "scalar", "uint64", None),
+        (4, "allow_special", "optional", "scalar", "bool", None),
     )
 
     def __init__(
@@ -3555,10 +3556,12 @@ class ReadRequest(_Message):
         path: bytes | None = None,
         offset: int | None = None,
         length: int | None = None,  # absent: to the end of the file
+        allow_special: bool | None = None,  # read a FIFO, socket or device (else 1 EPERM naming the type)
     ) -> None:
         self.path = path
         self.offset = offset
         self.length = length
+        self.allow_special = allow_special
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -3586,6 +3589,14 @@ class ReadRequest(_Message):
                 out.append(v)
             else:
                 out += _ev(v)
+        v = self.allow_special
+        if v is not None:
+            if v is True:
+                out += b"\x20\x01"
+            elif v is False:
+                out += b"\x20\x00"
+            else:
+                raise _type_error("ReadRequest.allow_special", v, "bool")
         return bytes(out)
 
     @classmethod
@@ -3599,6 +3610,7 @@ class ReadRequest(_Message):
         self.path = None
         self.offset = None
         self.length = None
+        self.allow_special = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -3624,6 +3636,14 @@ class ReadRequest(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFFFFFFFFFF
                 self.length = v
+            elif tag == 32:  # field 4 allow_special: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.allow_special = v != 0
             else:
                 pos = _skip(data, pos, end, tag, ReadRequest._NUMBERS, "ReadRequest")
         if pos != end:
@@ -3700,7 +3720,7 @@ class ReadReply(_Message):
 class WriteRequest(_Message):
     """message shim.v1.WriteRequest"""
 
-    __slots__ = ("path", "mode", "append", "exclusive", "parents", "no_atomic")
+    __slots__ = ("path", "mode", "append", "exclusive", "parents", "no_atomic", "allow_special")
     _FIELDS = (
         (1, "path", "required", "scalar", "bytes", None),
         (2, "mode", "optional", "scalar", "uint32", None),
@@ -3708,6 +3728,7 @@ class WriteRequest(_Message):
         (4, "exclusive", "optional", "scalar", "bool", None),
         (5, "parents", "optional", "scalar", "bool", None),
         (6, "no_atomic", "optional", "scalar", "bool", None),
+        (7, "allow_special", "optional", "scalar", "bool", None),
     )
 
     def __init__(
@@ -3719,6 +3740,7 @@ class WriteRequest(_Message):
         exclusive: bool | None = None,  # fail with EEXIST if the path exists
         parents: bool | None = None,  # create missing parent directories (0755)
         no_atomic: bool | None = None,  # truncate and write in place
+        allow_special: bool | None = None,  # write into a FIFO, socket or device (else 1 EPERM naming the type)
     ) -> None:
         self.path = path
         self.mode = mode
@@ -3726,6 +3748,7 @@ class WriteRequest(_Message):
         self.exclusive = exclusive
         self.parents = parents
         self.no_atomic = no_atomic
+        self.allow_special = allow_special
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -3776,6 +3799,14 @@ class WriteRequest(_Message):
                 out += b"\x30\x00"
             else:
                 raise _type_error("WriteRequest.no_atomic", v, "bool")
+        v = self.allow_special
+        if v is not None:
+            if v is True:
+                out += b"\x38\x01"
+            elif v is False:
+                out += b"\x38\x00"
+            else:
+                raise _type_error("WriteRequest.allow_special", v, "bool")
         return bytes(out)
 
     @classmethod
@@ -3792,6 +3823,7 @@ class WriteRequest(_Message):
         self.exclusive = None
         self.parents = None
         self.no_atomic = None
+        self.allow_special = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -3841,6 +3873,14 @@ class WriteRequest(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFFFFFFFFFF
                 self.no_atomic = v != 0
+            elif tag == 56:  # field 7 allow_special: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.allow_special = v != 0
             else:
                 pos = _skip(data, pos, end, tag, WriteRequest._NUMBERS, "WriteRequest")
         if pos != end:
@@ -4968,10 +5008,11 @@ class LinkRequest(_Message):
 class TruncateRequest(_Message):
     """message shim.v1.TruncateRequest"""
 
-    __slots__ = ("path", "size")
+    __slots__ = ("path", "size", "allow_special")
     _FIELDS = (
         (1, "path", "required", "scalar", "bytes", None),
         (2, "size", "optional", "scalar", "uint64", None),
+        (3, "allow_special", "optional", "scalar", "bool", None),
     )
 
     def __init__(
@@ -4979,9 +5020,11 @@ class TruncateRequest(_Message):
         *,
         path: bytes | None = None,
         size: int | None = None,  # absent: 0
+        allow_special: bool | None = None,  # open a FIFO or device (else 1 EPERM naming the type)
     ) -> None:
         self.path = path
         self.size = size
+        self.allow_special = allow_special
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -5000,6 +5043,14 @@ class TruncateRequest(_Message):
                 out.append(v)
             else:
                 out += _ev(v)
+        v = self.allow_special
+        if v is not None:
+            if v is True:
+                out += b"\x18\x01"
+            elif v is False:
+                out += b"\x18\x00"
+            else:
+                raise _type_error("TruncateRequest.allow_special", v, "bool")
         return bytes(out)
 
     @classmethod
@@ -5012,6 +5063,7 @@ class TruncateRequest(_Message):
         self = TruncateRequest.__new__(TruncateRequest)
         self.path = None
         self.size = None
+        self.allow_special = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -5029,6 +5081,14 @@ class TruncateRequest(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFFFFFFFFFF
                 self.size = v
+            elif tag == 24:  # field 3 allow_special: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.allow_special = v != 0
             else:
                 pos = _skip(data, pos, end, tag, TruncateRequest._NUMBERS, "TruncateRequest")
         if pos != end:
@@ -5558,10 +5618,11 @@ class StatfsReply(_Message):
 class WatchRequest(_Message):
     """message shim.v1.WatchRequest"""
 
-    __slots__ = ("path", "recursive")
+    __slots__ = ("path", "recursive", "max_watches")
     _FIELDS = (
         (1, "path", "required", "scalar", "bytes", None),
         (2, "recursive", "optional", "scalar", "bool", None),
+        (3, "max_watches", "optional", "scalar", "uint32", None),
     )
 
     def __init__(
@@ -5569,9 +5630,13 @@ class WatchRequest(_Message):
         *,
         path: bytes | None = None,
         recursive: bool | None = None,
+        # recursive: at most this many inotify watches (0/absent: the daemon's --max-watches; more
+        # than that is lowered to it); reached: OVERFLOW, and no more directories are watched
+        max_watches: int | None = None,
     ) -> None:
         self.path = path
         self.recursive = recursive
+        self.max_watches = max_watches
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -5589,6 +5654,15 @@ class WatchRequest(_Message):
                 out += b"\x10\x00"
             else:
                 raise _type_error("WatchRequest.recursive", v, "bool")
+        v = self.max_watches
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "WatchRequest.max_watches", "uint32")
+            out += b"\x18"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         return bytes(out)
 
     @classmethod
@@ -5601,6 +5675,7 @@ class WatchRequest(_Message):
         self = WatchRequest.__new__(WatchRequest)
         self.path = None
         self.recursive = None
+        self.max_watches = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -5618,6 +5693,14 @@ class WatchRequest(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFFFFFFFFFF
                 self.recursive = v != 0
+            elif tag == 24:  # field 3 max_watches: uint32
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFF
+                self.max_watches = v
             else:
                 pos = _skip(data, pos, end, tag, WatchRequest._NUMBERS, "WatchRequest")
         if pos != end:
@@ -8110,7 +8193,7 @@ class TunnelListenRequest(_Message):
     def __init__(
         self,
         *,
-        host: str | None = None,  # default "127.0.0.1"
+        host: str | None = None,  # default "localhost": 127.0.0.1 and ::1 both (PROTOCOL.md 12.5)
         port: int | None = None,  # absent or 0: kernel-chosen (see TunnelReady.port)
         backlog: int | None = None,  # listen() backlog, default 128
         remote: str | None = None,  # the client's end, free text for listings ("127.0.0.1:3000")

@@ -6,6 +6,7 @@ cancelling the awaiting task cancels the operation in the shim as well."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import os
 from typing import IO, Any, AsyncIterator, Callable, Generic, List, Mapping, Optional, Sequence, TypeVar, Union, cast
@@ -14,7 +15,7 @@ from . import _ops, _pb
 from ._async import AsyncCall, AsyncEngine
 from ._sync import closed_error
 from ._core import PathLike, check_abort, check_type, seconds
-from ._ops import Command, signal_number
+from ._ops import Command, UserSpec, signal_number
 from ._protocol import Data, Protocol, StreamEvent, make_error
 from .backups import CHUNK, _check_ends, local_dest, local_source
 from .client import DEFAULT_CONNECT_TIMEOUT, client_name_of, is_transport, target_of, token_of
@@ -151,34 +152,57 @@ class AsyncFiles:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._e = engine
+        self._fsd: Any = None  # as_user()'s defaults (a _pb.FsOptions)
 
-    async def _open(self, req: Any, timeout: Optional[float], abort: Any, extra_window: int = 0) -> AsyncCall:
+    def as_user(self, user: UserSpec = None, *, group: UserSpec = None, no_follow: bool = False,
+                no_symlinks: bool = False) -> "AsyncFiles":
+        """A view whose calls act as ``user`` (and ``group``) and resolve with
+        ``no_follow``/``no_symlinks`` unless a call says otherwise (Files.as_user)."""
+        v = copy.copy(self)
+        v._fsd = _ops.fs_options(user, group, no_follow, no_symlinks, self._fsd)
+        return v
+
+    def _fs(self, user: UserSpec, group: UserSpec, no_follow: bool, no_symlinks: bool) -> Any:
+        return _ops.fs_options(user, group, no_follow, no_symlinks, self._fsd)
+
+    async def _open(self, req: Any, timeout: Optional[float], abort: Any, fs: Any = None,
+                    extra_window: int = 0) -> AsyncCall:
         check_abort(abort)
+        if fs is not None:
+            req.fs = fs
         return await self._e.open(req, timeout=seconds(timeout), abort=abort, extra_window=extra_window)
 
-    async def _read(self, req: Any, timeout: Optional[float], abort: Any) -> AsyncCall:
-        return await self._open(req, timeout, abort, _ops.READ_EXTRA_WINDOW)
+    async def _read(self, req: Any, timeout: Optional[float], abort: Any, fs: Any = None) -> AsyncCall:
+        return await self._open(req, timeout, abort, fs, _ops.READ_EXTRA_WINDOW)
 
-    async def _do(self, req: Any, timeout: Optional[float], abort: Any) -> "_pb.Result":
-        call = await self._open(req, timeout, abort)
+    async def _do(self, req: Any, timeout: Optional[float], abort: Any, fs: Any = None) -> "_pb.Result":
+        call = await self._open(req, timeout, abort, fs)
         return await call.wait_end()
 
     async def read_file(self, path: PathLike, *, offset: int = 0, length: Optional[int] = None,
-                        timeout: Optional[float] = None, abort: Any = None) -> bytes:
-        call = await self._read(_ops.read_req(path, offset, length), timeout, abort)
+                        allow_special: bool = False, user: UserSpec = None, group: UserSpec = None,
+                        no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
+                        abort: Any = None) -> bytes:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        call = await self._read(_ops.read_req(path, offset, length, allow_special), timeout, abort, fs)
         parts: List[bytes] = []
         await _read_into(call, parts.append)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def read_text(self, path: PathLike, *, encoding: str = "utf-8", errors: str = "strict", offset: int = 0,
-                        length: Optional[int] = None, timeout: Optional[float] = None, abort: Any = None) -> str:
-        data = await self.read_file(path, offset=offset, length=length, timeout=timeout, abort=abort)
+                        length: Optional[int] = None, user: UserSpec = None, group: UserSpec = None,
+                        no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
+                        abort: Any = None) -> str:
+        data = await self.read_file(path, offset=offset, length=length, user=user, group=group, no_follow=no_follow,
+                                    no_symlinks=no_symlinks, timeout=timeout, abort=abort)
         return data.decode(encoding, errors)
 
-    def open_read(self, path: PathLike, *, offset: int = 0, length: Optional[int] = None,
+    def open_read(self, path: PathLike, *, offset: int = 0, length: Optional[int] = None, allow_special: bool = False,
+                  user: UserSpec = None, group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
                   timeout: Optional[float] = None, abort: Any = None) -> "AsyncStream[bytes]":
         """An async iterator of chunks: ``async for chunk in shim.files.open_read(p)``."""
-        req = _ops.read_req(path, offset, length)
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        req = _ops.read_req(path, offset, length, allow_special)
         check_abort(abort)
         got = [0]
 
@@ -186,20 +210,22 @@ class AsyncFiles:
             got[0] += len(b)
             return [b]
 
-        stream: "AsyncStream[bytes]" = AsyncStream(lambda: self._read(req, timeout, abort), count)
+        stream: "AsyncStream[bytes]" = AsyncStream(lambda: self._read(req, timeout, abort, fs), count)
         stream._finish_fin = lambda fin: _ops.check_read_end(stream.result, got[0], fin)
         return stream
 
-    async def download(self, path: PathLike, dest: Union[PathLike, IO[bytes], Any], *,
+    async def download(self, path: PathLike, dest: Union[PathLike, IO[bytes], Any], *, user: UserSpec = None,
+                       group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
                        timeout: Optional[float] = None, abort: Any = None) -> int:
+        fs = self._fs(user, group, no_follow, no_symlinks)
         req = _ops.read_req(path, 0, None)
         if callable(getattr(dest, "write", None)):
-            return await _read_into(await self._read(req, timeout, abort), dest.write)
+            return await _read_into(await self._read(req, timeout, abort, fs), dest.write)
         local = os.fsdecode(os.fspath(dest))  # type: ignore[arg-type]
         tmp = f"{local}.part-{os.getpid()}"
         try:
             with open(tmp, "wb") as f:
-                n = await _read_into(await self._read(req, timeout, abort), f.write)
+                n = await _read_into(await self._read(req, timeout, abort, fs), f.write)
             os.replace(tmp, local)
             return n
         except BaseException:
@@ -211,124 +237,171 @@ class AsyncFiles:
 
     async def write_file(self, path: PathLike, data: Union[str, bytes, bytearray, memoryview, IO[bytes], Any], *,
                          mode: Optional[int] = None, append: bool = False, exclusive: bool = False,
-                         parents: bool = False, atomic: bool = True, timeout: Optional[float] = None,
-                         abort: Any = None) -> SandboxFileStat:
-        p, req = _ops.write_req(path, mode, append, exclusive, parents, atomic)
+                         parents: bool = False, atomic: bool = True, allow_special: bool = False, user: UserSpec = None,
+                         group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                         timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        p, req = _ops.write_req(path, mode, append, exclusive, parents, atomic, allow_special)
         body = _ops.body_arg(data)
-        call = await self._open(req, timeout, abort)
+        call = await self._open(req, timeout, abort, fs)
         await _send_body(call, body)
         return _ops.write_result(p, await call.wait_end())
 
     async def upload(self, local: PathLike, path: PathLike, *, mode: Optional[int] = None, append: bool = False,
-                     exclusive: bool = False, parents: bool = False, atomic: bool = True,
+                     exclusive: bool = False, parents: bool = False, atomic: bool = True, user: UserSpec = None,
+                     group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
                      timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
         with open(os.fspath(local), "rb") as f:
             return await self.write_file(path, f, mode=mode, append=append, exclusive=exclusive, parents=parents,
-                                         atomic=atomic, timeout=timeout, abort=abort)
+                                         atomic=atomic,
+                                         user=user, group=group, no_follow=no_follow, no_symlinks=no_symlinks,
+                                         timeout=timeout, abort=abort)
 
-    async def stat(self, path: PathLike, *, follow_symlinks: bool = True, timeout: Optional[float] = None,
+    async def stat(self, path: PathLike, *, follow_symlinks: bool = True, user: UserSpec = None, group: UserSpec = None,
+                   no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
                    abort: Any = None) -> SandboxFileStat:
+        fs = self._fs(user, group, no_follow, no_symlinks)
         p, req = _ops.stat_req(path, follow_symlinks)
-        return _ops.stat_result(p, await self._do(req, timeout, abort))
+        return _ops.stat_result(p, await self._do(req, timeout, abort, fs))
 
-    async def lstat(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
-        return await self.stat(path, follow_symlinks=False, timeout=timeout, abort=abort)
+    async def lstat(self, path: PathLike, *, user: UserSpec = None, group: UserSpec = None, no_follow: bool = False,
+                    no_symlinks: bool = False, timeout: Optional[float] = None, abort: Any = None) -> SandboxFileStat:
+        return await self.stat(path, follow_symlinks=False, user=user, group=group, no_follow=no_follow,
+                               no_symlinks=no_symlinks, timeout=timeout, abort=abort)
 
-    async def exists(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> bool:
+    async def exists(self, path: PathLike, *, user: UserSpec = None, group: UserSpec = None, no_follow: bool = False,
+                     no_symlinks: bool = False, timeout: Optional[float] = None, abort: Any = None) -> bool:
+        fs = self._fs(user, group, no_follow, no_symlinks)
         _, req = _ops.stat_req(path, False)
         try:
-            await self._do(req, timeout, abort)
+            await self._do(req, timeout, abort, fs)
             return True
         except Exception as e:
             return _ops.exists_answer(e)
 
     async def read_directory(self, path: PathLike, *, recursive: bool = False, depth: Optional[int] = None,
-                             hidden: bool = True, follow_symlinks: bool = False, timeout: Optional[float] = None,
-                             abort: Any = None) -> List[SandboxFileEntry]:
+                             hidden: bool = True, follow_symlinks: bool = False, user: UserSpec = None,
+                             group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                             timeout: Optional[float] = None, abort: Any = None) -> List[SandboxFileEntry]:
         out: List[SandboxFileEntry] = []
         async with self.iter_directory(path, recursive=recursive, depth=depth, hidden=hidden,
-                                       follow_symlinks=follow_symlinks, timeout=timeout, abort=abort) as it:
+                                       follow_symlinks=follow_symlinks,
+                                       user=user, group=group, no_follow=no_follow, no_symlinks=no_symlinks,
+                                       timeout=timeout, abort=abort) as it:
             async for e in it:
                 out.append(e)
         return out
 
     def iter_directory(self, path: PathLike, *, recursive: bool = False, depth: Optional[int] = None,
-                       hidden: bool = True, follow_symlinks: bool = False, timeout: Optional[float] = None,
-                       abort: Any = None) -> "AsyncStream[SandboxFileEntry]":
+                       hidden: bool = True, follow_symlinks: bool = False, user: UserSpec = None,
+                       group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                       timeout: Optional[float] = None, abort: Any = None) -> "AsyncStream[SandboxFileEntry]":
+        fs = self._fs(user, group, no_follow, no_symlinks)
         base, req = _ops.list_req(path, recursive, depth, hidden, follow_symlinks)
         check_abort(abort)
         dl = _ops.Delimited()
-        return AsyncStream(lambda: self._open(req, timeout, abort),
+        return AsyncStream(lambda: self._open(req, timeout, abort, fs),
                            lambda b: [_ops.dir_entry(base, m) for m in dl.feed(b)], dl.finish)
 
-    def watch(self, path: PathLike, *, recursive: bool = False, timeout: Optional[float] = None,
+    def watch(self, path: PathLike, *, recursive: bool = False, user: UserSpec = None, group: UserSpec = None,
+              no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
               abort: Any = None) -> "AsyncStream[WatchEvent]":
         """``async for event in shim.files.watch(p)``; aclose() (or leaving an
         ``async with`` block) stops it."""
+        fs = self._fs(user, group, no_follow, no_symlinks)
         req = _ops.watch_req(path, recursive)
         check_abort(abort)
         dl = _ops.Delimited()
-        return AsyncStream(lambda: self._open(req, timeout, abort),
+        return AsyncStream(lambda: self._open(req, timeout, abort, fs),
                            lambda b: [_ops.watch_event(m) for m in dl.feed(b)], dl.finish)
 
-    async def mkdir(self, path: PathLike, *, parents: bool = False, mode: Optional[int] = None,
-                    exist_ok: bool = False, timeout: Optional[float] = None, abort: Any = None) -> None:
+    async def mkdir(self, path: PathLike, *, parents: bool = False, mode: Optional[int] = None, exist_ok: bool = False,
+                    user: UserSpec = None, group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                    timeout: Optional[float] = None, abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
         req = _ops.mkdir_req(path, parents, mode)
         _ops.check_bool("exist_ok", exist_ok)
         try:
-            await self._do(req, timeout, abort)
+            await self._do(req, timeout, abort, fs)
         except FileExistsError:
-            if not exist_ok or not (await self.stat(path, timeout=timeout, abort=abort)).is_dir:
+            if not exist_ok or not (await self.stat(path, user=user, group=group, no_follow=no_follow,
+                                                    no_symlinks=no_symlinks, timeout=timeout, abort=abort)).is_dir:
                 raise
 
-    async def delete(self, path: PathLike, *, recursive: bool = False, timeout: Optional[float] = None,
+    async def delete(self, path: PathLike, *, recursive: bool = False, user: UserSpec = None, group: UserSpec = None,
+                     no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
                      abort: Any = None) -> None:
-        await self._do(_ops.remove_req(path, recursive), timeout, abort)
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.remove_req(path, recursive), timeout, abort, fs)
 
     remove = delete
 
-    async def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = True, timeout: Optional[float] = None,
-                     abort: Any = None) -> None:
-        await self._do(_ops.rename_req(src, dst, overwrite), timeout, abort)
+    async def rename(self, src: PathLike, dst: PathLike, *, overwrite: bool = True, user: UserSpec = None,
+                     group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                     timeout: Optional[float] = None, abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.rename_req(src, dst, overwrite), timeout, abort, fs)
 
     move = rename
 
-    async def copy(self, src: PathLike, dst: PathLike, *, recursive: bool = False, timeout: Optional[float] = None,
-                   abort: Any = None) -> None:
-        await self._do(_ops.copy_req(src, dst, recursive), timeout, abort)
+    async def copy(self, src: PathLike, dst: PathLike, *, recursive: bool = False, user: UserSpec = None,
+                   group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                   timeout: Optional[float] = None, abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.copy_req(src, dst, recursive), timeout, abort, fs)
 
-    async def chmod(self, path: PathLike, mode: int, *, timeout: Optional[float] = None, abort: Any = None) -> None:
-        await self._do(_ops.chmod_req(path, mode), timeout, abort)
+    async def chmod(self, path: PathLike, mode: int, *, user: UserSpec = None, group: UserSpec = None,
+                    no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
+                    abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.chmod_req(path, mode), timeout, abort, fs)
 
     async def chown(self, path: PathLike, uid: Optional[int] = None, gid: Optional[int] = None, *,
-                    follow_symlinks: bool = True, timeout: Optional[float] = None, abort: Any = None) -> None:
-        await self._do(_ops.chown_req(path, uid, gid, follow_symlinks), timeout, abort)
-
-    async def symlink(self, target: PathLike, link_path: PathLike, *, timeout: Optional[float] = None,
-                      abort: Any = None) -> None:
-        await self._do(_ops.symlink_req(target, link_path), timeout, abort)
-
-    async def link(self, target: PathLike, link_path: PathLike, *, timeout: Optional[float] = None,
-                   abort: Any = None) -> None:
-        await self._do(_ops.link_req(target, link_path), timeout, abort)
-
-    async def readlink(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> str:
-        return _ops.path_result(await self._do(_ops.readlink_req(path), timeout, abort))
-
-    async def realpath(self, path: PathLike, *, timeout: Optional[float] = None, abort: Any = None) -> str:
-        return _ops.path_result(await self._do(_ops.realpath_req(path), timeout, abort))
-
-    async def truncate(self, path: PathLike, size: int, *, timeout: Optional[float] = None,
-                       abort: Any = None) -> None:
-        await self._do(_ops.truncate_req(path, size), timeout, abort)
-
-    async def touch(self, path: PathLike, *, create: bool = True, timeout: Optional[float] = None,
+                    follow_symlinks: bool = True, user: UserSpec = None, group: UserSpec = None,
+                    no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
                     abort: Any = None) -> None:
-        await self._do(_ops.touch_req(path, create), timeout, abort)
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.chown_req(path, uid, gid, follow_symlinks), timeout, abort, fs)
 
-    async def disk_usage(self, path: PathLike = "/", *, timeout: Optional[float] = None,
+    async def symlink(self, target: PathLike, link_path: PathLike, *, user: UserSpec = None, group: UserSpec = None,
+                      no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
+                      abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.symlink_req(target, link_path), timeout, abort, fs)
+
+    async def link(self, target: PathLike, link_path: PathLike, *, user: UserSpec = None, group: UserSpec = None,
+                   no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
+                   abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.link_req(target, link_path), timeout, abort, fs)
+
+    async def readlink(self, path: PathLike, *, user: UserSpec = None, group: UserSpec = None, no_follow: bool = False,
+                       no_symlinks: bool = False, timeout: Optional[float] = None, abort: Any = None) -> str:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        return _ops.path_result(await self._do(_ops.readlink_req(path), timeout, abort, fs))
+
+    async def realpath(self, path: PathLike, *, user: UserSpec = None, group: UserSpec = None, no_follow: bool = False,
+                       no_symlinks: bool = False, timeout: Optional[float] = None, abort: Any = None) -> str:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        return _ops.path_result(await self._do(_ops.realpath_req(path), timeout, abort, fs))
+
+    async def truncate(self, path: PathLike, size: int, *, allow_special: bool = False, user: UserSpec = None,
+                       group: UserSpec = None, no_follow: bool = False, no_symlinks: bool = False,
+                       timeout: Optional[float] = None, abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.truncate_req(path, size, allow_special), timeout, abort, fs)
+
+    async def touch(self, path: PathLike, *, create: bool = True, user: UserSpec = None, group: UserSpec = None,
+                    no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
+                    abort: Any = None) -> None:
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        await self._do(_ops.touch_req(path, create), timeout, abort, fs)
+
+    async def disk_usage(self, path: PathLike = "/", *, user: UserSpec = None, group: UserSpec = None,
+                         no_follow: bool = False, no_symlinks: bool = False, timeout: Optional[float] = None,
                          abort: Any = None) -> DiskUsage:
-        return _ops.statfs_result(await self._do(_ops.statfs_req(path), timeout, abort))
+        fs = self._fs(user, group, no_follow, no_symlinks)
+        return _ops.statfs_result(await self._do(_ops.statfs_req(path), timeout, abort, fs))
 
 
 async def _collect(call: AsyncCall, stdin: Optional[bytes]) -> CommandResult:
@@ -660,11 +733,16 @@ class AsyncBackups:
         one_file_system: bool = False,
         sandbox_path: Optional[PathLike] = None,
         progress: Optional[Progress] = None,
+        user: UserSpec = None,
+        group: UserSpec = None,
+        no_follow: bool = False,
+        no_symlinks: bool = False,
         timeout: Optional[float] = None,
         abort: Any = None,
     ) -> DirectoryBackupRecord:
         to = _check_ends(dest is not None, sandbox_path, "give either dest (a local path or a writable file) or sandbox_path")
         req = _ops.backup_req(dir, excludes, compression, level, skip_unreadable, one_file_system, to)
+        req.fs = _ops.fs_options(user, group, no_follow, no_symlinks)
         progress = _ops.progress_arg(progress)
         write, local = local_dest(dest) if dest is not None else (None, None)
         check_abort(abort)
@@ -719,12 +797,17 @@ class AsyncBackups:
         allow_empty: bool = False,
         sandbox_path: Optional[PathLike] = None,
         progress: Optional[Progress] = None,
+        user: UserSpec = None,
+        group: UserSpec = None,
+        no_follow: bool = False,
+        no_symlinks: bool = False,
         timeout: Optional[float] = None,
         abort: Any = None,
     ) -> RestoreResult:
         frm = _check_ends(source is not None, sandbox_path,
                           "give either source (a local path, bytes or a readable file) or sandbox_path")
         req = _ops.restore_req(dir, sha256, merge, allow_devices, frm, allow_empty)
+        req.fs = _ops.fs_options(user, group, no_follow, no_symlinks)
         progress = _ops.progress_arg(progress)
         body, local = local_source(source) if source is not None else (None, None)
         check_abort(abort)
@@ -839,7 +922,7 @@ class AsyncShim:
         transport object (``async read(n)``, ``async write(data)``, ``async close()``)."""
         ct = seconds(timeout) or DEFAULT_CONNECT_TIMEOUT
         w = seconds(wait, "wait")
-        tok = token_of(token)
+        tok = token_of(token, target)
         name = client_name_of(client_name)
         rt = seconds(request_timeout, "request_timeout")
         if is_transport(target):
@@ -917,7 +1000,7 @@ class AsyncShim:
         return _ops.eval_result(await _collect(call, None))
 
     async def tunnel(self, guest_port: int, local_port: int, local_host: str = "127.0.0.1", *,
-                     guest_host: str = "127.0.0.1", on_event: Optional[Callable[[Any], Any]] = None,
+                     guest_host: str = "localhost", on_event: Optional[Callable[[Any], Any]] = None,
                      connect_timeout: Optional[float] = None, backlog: Optional[int] = None) -> Any:
         """Shim.tunnel() (sandbox -> host), relayed by tasks on this loop; returns an
         AsyncTunnelHandle (``await handle.close()``, or ``async with``)."""

@@ -7,6 +7,7 @@ from typing import IO, Any, Callable, Optional, Sequence, Tuple, Union, cast
 
 from . import _ops
 from ._core import PathLike, check_abort, fspath, seconds
+from ._ops import UserSpec
 from ._protocol import Data, StreamEvent
 from ._sync import Call, Engine
 from .files import send_body
@@ -69,6 +70,10 @@ class Backups:
         one_file_system: bool = False,
         sandbox_path: Optional[PathLike] = None,
         progress: Optional[Progress] = None,
+        user: UserSpec = None,
+        group: UserSpec = None,
+        no_follow: bool = False,
+        no_symlinks: bool = False,
         timeout: Optional[float] = None,
         abort: Any = None,
     ) -> DirectoryBackupRecord:
@@ -78,9 +83,12 @@ class Backups:
         or a writable file-like object that gets the archive chunk by chunk as the
         shim produces it. With ``sandbox_path`` (and no dest) the archive is written
         to that file inside the sandbox instead. ``excludes`` are tar-style glob
-        patterns. ``progress(bytes, entries)`` is called along the way."""
+        patterns. ``progress(bytes, entries)`` is called along the way. ``user``,
+        ``group``, ``no_follow``, ``no_symlinks``: as for Files (the walk reads what
+        that user may read)."""
         to = _check_ends(dest is not None, sandbox_path, "give either dest (a local path or a writable file) or sandbox_path")
         req = _ops.backup_req(dir, excludes, compression, level, skip_unreadable, one_file_system, to)
+        req.fs = _ops.fs_options(user, group, no_follow, no_symlinks)
         progress = _ops.progress_arg(progress)
         write, local = local_dest(dest) if dest is not None else (None, None)
         check_abort(abort)
@@ -135,6 +143,10 @@ class Backups:
         allow_empty: bool = False,
         sandbox_path: Optional[PathLike] = None,
         progress: Optional[Progress] = None,
+        user: UserSpec = None,
+        group: UserSpec = None,
+        no_follow: bool = False,
+        no_symlinks: bool = False,
         timeout: Optional[float] = None,
         abort: Any = None,
     ) -> RestoreResult:
@@ -145,10 +157,12 @@ class Backups:
         as it is instead of replacing it. Only one whole archive is accepted: one cut
         short, without its end-of-archive blocks, with data after them, or (unless
         ``allow_empty``) without members fails with EBADMSG and ``dir`` stays as it
-        was, in either mode."""
+        was, in either mode. ``user``, ``group``, ``no_follow``, ``no_symlinks``: as
+        for Files (the files are created as, and owned by, that user)."""
         frm = _check_ends(source is not None, sandbox_path,
                           "give either source (a local path, bytes or a readable file) or sandbox_path")
         req = _ops.restore_req(dir, sha256, merge, allow_devices, frm, allow_empty)
+        req.fs = _ops.fs_options(user, group, no_follow, no_symlinks)
         progress = _ops.progress_arg(progress)
         body, local = local_source(source) if source is not None else (None, None)
         check_abort(abort)

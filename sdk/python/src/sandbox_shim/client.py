@@ -43,8 +43,13 @@ def target_of(target: Optional[str]) -> str:
     return t
 
 
-def token_of(token: Optional[Union[str, bytes]]) -> Optional[bytes]:
+def token_of(token: Optional[Union[str, bytes]], target: Any = None) -> Optional[bytes]:
+    """The token to send: the given one, else ``$SBX_TOKEN`` -- but never ``$SBX_TOKEN``
+    to an ``exec:`` target (or ``$SBX_TARGET``), whose command we spawn ourselves."""
     if token is None:
+        t = os.environ.get("SBX_TARGET") if target is None else target
+        if isinstance(t, str) and t.startswith("exec:"):
+            return None
         token = os.environ.get("SBX_TOKEN") or None
         if token is None:
             return None
@@ -108,7 +113,9 @@ class Shim:
         ``vsock:CID:PORT``, ``fc:UDS_PATH:PORT`` (Firecracker hybrid vsock) or
         ``exec:COMMAND`` (e.g. ``exec:docker exec -i CTR sandbox-shim --stdio``), or a
         transport object of your own (``read(n)``, ``write(data)``, ``close()``; see
-        :mod:`sandbox_shim.transports`). ``token`` defaults to ``$SBX_TOKEN``.
+        :mod:`sandbox_shim.transports`). ``token`` defaults to ``$SBX_TOKEN``
+        (not for ``exec:``: its command gets no ``SBX_TOKEN``/``SBX_TOKEN_FILE`` and
+        its HELLO a token only when one is given here).
         ``timeout`` bounds one connect + handshake attempt (default 10 s); ``wait``
         keeps retrying for that long while the shim is not there yet;
         ``request_timeout`` is every call's default. ``exec_stderr``: where an
@@ -116,7 +123,7 @@ class Shim:
         into ours; "inherit": ours; or a file object)."""
         ct = seconds(timeout) or DEFAULT_CONNECT_TIMEOUT
         w = seconds(wait, "wait")
-        tok = token_of(token)
+        tok = token_of(token, target)
         name = client_name_of(client_name)
         rt = seconds(request_timeout, "request_timeout")
         if is_transport(target):
@@ -202,7 +209,7 @@ class Shim:
         local_port: int,
         local_host: str = "127.0.0.1",
         *,
-        guest_host: str = "127.0.0.1",
+        guest_host: str = "localhost",
         on_event: Optional[Callable[["TunnelEvent"], Any]] = None,
         connect_timeout: Optional[float] = None,
         backlog: Optional[int] = None,
@@ -210,7 +217,8 @@ class Shim:
         """Sandbox -> host: the shim listens on ``guest_host:guest_port`` inside the
         sandbox (port 0: the kernel chooses; see the handle's ``port``) and relays
         every connection to ``local_host:local_port`` on this machine. Code inside
-        connecting to 127.0.0.1:guest_port reaches the service here. ``on_event`` gets
+        connecting to localhost:guest_port reaches the service here (``localhost``, the
+        default, listens on 127.0.0.1 and ::1 both, and is refused if either is taken). ``on_event`` gets
         a TunnelEvent per connection (on the tunnel's relay thread)."""
         from .tunnels import open_tunnel
 

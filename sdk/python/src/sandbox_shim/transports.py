@@ -27,7 +27,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .errors import SandboxConnectionError, SandboxInvalidArgumentError, SandboxTimeoutError, errno_name
 
@@ -120,6 +120,12 @@ class SocketTransport:
         self.sock.close()
 
 
+def exec_env() -> Dict[str, str]:
+    """The environment an ``exec:`` command gets: ours without the token (``SBX_TOKEN``,
+    ``SBX_TOKEN_FILE``): the command (ssh, podman exec, a shell) is not the shim it is for."""
+    return {k: v for k, v in os.environ.items() if k not in ("SBX_TOKEN", "SBX_TOKEN_FILE")}
+
+
 class ProcessTransport:
     """A subprocess's stdin/stdout (``exec:``). Its stderr goes where ``stderr`` says:
     None keeps the last 64 KiB for error messages (``stderr_tail()``), "inherit" lets it
@@ -136,7 +142,7 @@ class ProcessTransport:
             err = stderr
         try:
             self.proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, bufsize=0, start_new_session=True)
+                                         stderr=err, bufsize=0, start_new_session=True, env=exec_env())
         except OSError as e:
             raise _conn_error(f"exec: cannot start /bin/sh: {e.strerror}", e.errno or 5, command) from None
         self._closed = False
@@ -192,6 +198,15 @@ class ProcessTransport:
             self.proc.wait()
         if self._stdout is not None:
             self._stdout.close()
+        if self.proc.stderr is not None:
+            # the drain thread ends at EOF (a descendant that keeps stderr open: 1 s)
+            t = getattr(self, "_err_thread", None)
+            if t is not None:
+                t.join(1.0)
+            try:
+                self.proc.stderr.close()
+            except OSError:
+                pass
 
 
 def _connect_socket(kind: str, addr: Any, timeout: Optional[float], target: str) -> socket.socket:
@@ -376,7 +391,7 @@ async def open_async_transport(target: str, *, wait: Optional[float] = None, exe
         try:
             proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", addr, stdin=asyncio.subprocess.PIPE,
                                                         stdout=asyncio.subprocess.PIPE, stderr=err,
-                                                        limit=1 << 20, start_new_session=True)
+                                                        limit=1 << 20, start_new_session=True, env=exec_env())
         except OSError as e:
             raise _conn_error(f"exec: cannot start /bin/sh: {e.strerror}", e.errno or 5, addr) from None
         assert proc.stdout is not None
