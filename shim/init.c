@@ -15,6 +15,7 @@
 #include "proc.h"
 #include "reaper.h"
 #include "server.h"
+#include "spawn.h"
 #include "util.h"
 #include "worker.h"
 
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -324,6 +326,9 @@ workload_child(char *const cand[], char *const argv[], int errfd, bool reset_oom
 			close(fd);
 		}
 	}
+	/* nor its raised open-file limit: the workload gets the one the shim was given */
+	if (spawn_start_limits.have_nofile)
+		setrlimit(RLIMIT_NOFILE, &spawn_start_limits.nofile);
 	/* none of the shim's signal set-up is inherited (it ignores SIGPIPE, SIGTTOU...) */
 	struct sigaction dfl;
 	memset(&dfl, 0, sizeof(dfl));

@@ -258,8 +258,8 @@ static int read_token(const char *path, const char *origin, struct server_config
 }
 
 /* The soft RLIMIT_NOFILE up to the hard one: PID 1 starts with 1024 of 4096 (the
- * kernel's), and every connection and request costs fds. Commands get back the limit
- * the shim was given (spawn_start_limits). Start-up only. */
+ * kernel's), and every connection and request costs fds. Commands and the workload
+ * get back the limit the shim was given (spawn_start_limits). Start-up only. */
 static void raise_nofile(void)
 {
 	struct rlimit rl;

@@ -160,7 +160,7 @@ static int cmd_tunnel_open(struct ctx *ctx, int argc, char **argv, int forward)
 			bind_host ? bind_host : "127.0.0.1", sbx_tunnel_port(t), host2 ? host2 : "127.0.0.1", port2);
 	else
 		fprintf(stderr, "sbx: %s: listening on %s:%u in the sandbox, forwarding to %s:%u\n", sbx_tunnel_id(t),
-			host1 ? host1 : "127.0.0.1", sbx_tunnel_port(t), host2 ? host2 : "127.0.0.1", port2);
+			host1 ? host1 : "localhost", sbx_tunnel_port(t), host2 ? host2 : "127.0.0.1", port2);
 	rc = run_until_signal(t, &set);
 	sbx_client_close(c);
 	return rc;

@@ -1126,6 +1126,45 @@ static int case_pid1_exit_mid_shutdown(void)
 
 /* A workload that stopped itself (SIGSTOP) before the shutdown: SIGTERM, and the
  * SIGCONT that lets it act on it; its status is the shim's. */
+/* ---- limits: the workload gets the open-file and core limits the shim was given,
+ * not the ones the shim raised (nofile) or lowered (core) for itself ---- */
+
+static int limits(bool pid1)
+{
+	if (pid1 && !can_unshare())
+		return IT_SKIP;
+	const char *out = path("limits-%d.out", pid1);
+	char script[400];
+	CHECK(snprintf(script, sizeof(script), "{ ulimit -n; ulimit -c; } > %s.tmp && mv %s.tmp %s", out, out, out) <
+	      (int)sizeof(script));
+	const char *const wl[] = {"sh", "-c", keep(script), NULL};
+	struct cmdline c;
+	init_cmd(&c, K_SHIM, pid1, pid1 ? "limits1" : "limits", shim_debug, wl);
+	struct cmdline p = {.n = 0};
+	static const char *const pl[] = {"prlimit", "--nofile=512:4096", "--core=unlimited", "--", NULL};
+	push_all(&p, pl);
+	push_all(&p, c.argv);
+	struct it_daemon *d = it_daemon_spawn_argv(pid1 ? "limits1" : "limits", p.argv);
+	want_exit(d, 0, 20000);
+	CHECKF(file_is(out, "512\nunlimited\n"), "the workload's limits (nofile, core): '%s'", slurp(out));
+	char *log = it_daemon_log(d);
+	CHECK_CONTAINS(log, "RLIMIT_NOFILE raised from 512 to 4096");
+	free(log);
+	printf("  %s: the shim ran with 4096 fds and no core dumps; the workload got nofile 512, core unlimited\n",
+	       pid1 ? "pid1" : "not PID 1");
+	return 0;
+}
+
+static int case_limits(void)
+{
+	return limits(false);
+}
+
+static int case_pid1_limits(void)
+{
+	return limits(true);
+}
+
 static int stopped(bool pid1)
 {
 	if (pid1 && !can_unshare())
@@ -1344,6 +1383,8 @@ int main(int argc, char **argv)
 		{"pid1_tty", case_pid1_tty},
 		{"tty_jobs", case_tty_jobs},
 		{"pid1_tty_jobs", case_pid1_tty_jobs},
+		{"limits", case_limits},
+		{"pid1_limits", case_pid1_limits},
 		{"drain", case_drain},
 		{"pid1_drain", case_pid1_drain},
 		{"deaf", case_deaf},
