@@ -4,7 +4,7 @@
  * in flight (no fd left behind in the shim), ECONNREFUSED and EADDRINUSE, the exec:
  * (stdio) transport, a stalled reader that stalls only its own connection, and a client
  * that vanishes taking its tunnels with it. The "inside" servers are threads of this
- * test listening on 127.0.0.1: the shim runs on the same host. */
+ * test listening on localhost: the shim runs on the same host. */
 #include "harness.h"
 #include "rawclient.h"
 #include "shim.pb-c.h"
@@ -1007,9 +1007,9 @@ static int case_disconnect(void)
 		FILE *f = fopen(log, "r");
 		char line[512];
 		while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-			const char *p = strstr(line, "listening on 127.0.0.1:");
+			const char *p = strstr(line, "listening on localhost:");
 			if (p != NULL)
-				gp = (unsigned)atoi(p + strlen("listening on 127.0.0.1:"));
+				gp = (unsigned)atoi(p + strlen("listening on localhost:"));
 		}
 		if (f != NULL)
 			fclose(f);
