@@ -37,6 +37,14 @@ uint64_t it_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+void it_keep_core_limit(void)
+{
+	const char *old = getenv("ASAN_OPTIONS");
+	char buf[1024];
+	snprintf(buf, sizeof(buf), "%s%sdisable_coredump=0", old ? old : "", old && *old ? ":" : "");
+	setenv("ASAN_OPTIONS", buf, 1);
+}
+
 void it_sleep_ms(unsigned ms)
 {
 	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};

@@ -79,6 +79,9 @@ const char *it_path(const char *name);
 
 uint64_t it_now_ms(void);
 void it_sleep_ms(unsigned ms);
+/* Under ASan, let the daemons this case starts keep the core limit they are given
+ * (ASan sets RLIMIT_CORE to 0 at start unless told disable_coredump=0). */
+void it_keep_core_limit(void);
 
 /* ---- daemons ---- */
 

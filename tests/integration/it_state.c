@@ -196,6 +196,7 @@ static int case_no_dumps(void)
 	if (!have_setpriv())
 		return 0;
 	CHECK(chmod(it_dir(), 0711) == 0);
+	it_keep_core_limit();
 	const char *sock = it_path("s");
 	const char *argv[] = {"prlimit", "--core=12345:unlimited", SHIM_BIN, "--listen", it_unix_target(sock), NULL};
 	struct it_daemon *d = it_daemon_start_argv("shim", argv);

@@ -1133,6 +1133,7 @@ static int limits(bool pid1)
 {
 	if (pid1 && !can_unshare())
 		return IT_SKIP;
+	it_keep_core_limit();
 	const char *out = path("limits-%d.out", pid1);
 	char script[400];
 	CHECK(snprintf(script, sizeof(script), "{ ulimit -n; ulimit -c; } > %s.tmp && mv %s.tmp %s", out, out, out) <
