@@ -14,6 +14,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "log.h"
+#include "op_exec.h"
 #include "ops.h"
 #include "proc.h"
 #include "server.h"
@@ -37,7 +38,7 @@ struct exec_job {
 
 /* ---- messages ---- */
 
-void proc_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
+void exec_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
 {
 	shim__v1__exit_status__init(ex);
 	ex->id = (char *)p->id;
@@ -58,7 +59,7 @@ void proc_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
 	ex->stderr_truncated = p->out[1].truncated;
 }
 
-int proc_fill_info(const struct proc *p, struct proc_info_buf *b, size_t argv_max)
+int exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_max)
 {
 	shim__v1__process_info__init(&b->info);
 	shim__v1__timestamp__init(&b->started_at);
@@ -74,7 +75,7 @@ int proc_fill_info(const struct proc *p, struct proc_info_buf *b, size_t argv_ma
 	b->info.detached = p->detached;
 	b->info.pty = p->pty;
 	if (p->state == PROC_EXITED) {
-		proc_fill_exit(p, &b->exit);
+		exec_fill_exit(p, &b->exit);
 		b->info.exit = &b->exit;
 	}
 	if (p->argc > 0 && argv_max > 0 && p->argv != NULL) {
@@ -97,13 +98,13 @@ int proc_fill_info(const struct proc *p, struct proc_info_buf *b, size_t argv_ma
 	return 0;
 }
 
-void proc_info_buf_free(struct proc_info_buf *b)
+void exec_info_buf_free(struct exec_info_buf *b)
 {
 	free(b->argv);
 	b->argv = NULL;
 }
 
-static void send_event_started(struct stream *st, const struct proc *p)
+void exec_send_started(struct stream *st, const struct proc *p)
 {
 	Shim__V1__ProcessStarted ps = SHIM__V1__PROCESS_STARTED__INIT;
 	ps.id = (char *)p->id;
@@ -119,36 +120,29 @@ static void send_event_started(struct stream *st, const struct proc *p)
 	conn_send(st->conn, st->id, FRAME_EVENT, 0, buf, n);
 }
 
-void exec_send_started(struct stream *st, const struct proc *p)
-{
-	send_event_started(st, p);
-}
-
-/* ---- hooks called by proc.c ---- */
+/* ---- what proc.c reports to the exec stream ---- */
 
 /* The exec stream leaves the process: it no longer writes stdin. */
 static struct stream *take_fg(struct proc *p)
 {
-	struct stream *st = p->fg;
-	p->fg = NULL;
+	struct stream *st = p->owner;
+	proc_set_owner(p, NULL, NULL);
 	proc_stdin_release(p, st);
 	return st;
 }
 
-void exec_started(struct proc *p)
+static void exec_started(struct proc *p, void *owner)
 {
-	if (p->fg == NULL)
-		return;
 	log_debug("process %s: pid %d runs %s", p->id, (int)p->pid, p->exec_path);
 	if (!p->detached) {
-		send_event_started(p->fg, p);
+		exec_send_started(owner, p);
 		return;
 	}
 	struct stream *st = take_fg(p);
-	struct proc_info_buf b;
+	struct exec_info_buf b;
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_PROCESS;
-	if (proc_fill_info(p, &b, PROC_ARGV_KEEP) < 0) {
+	if (exec_fill_info(p, &b, PROC_ARGV_KEEP) < 0) {
 		struct shim_err e;
 		err_set(&e, ENOMEM, NULL, "out of memory");
 		stream_fail(st, &e);
@@ -156,31 +150,63 @@ void exec_started(struct proc *p)
 		res.process = &b.info;
 		op_end(st, &res);
 	}
-	proc_info_buf_free(&b);
+	exec_info_buf_free(&b);
 	proc_unref(p); /* the stream's */
 }
 
-void exec_failed(struct proc *p, const struct shim_err *err)
+static void exec_failed(struct proc *p, void *owner, const struct shim_err *err)
 {
-	if (p->fg == NULL)
-		return;
+	(void)owner;
 	struct stream *st = take_fg(p);
 	stream_fail(st, err);
 	proc_unref(p);
 }
 
-void exec_finished(struct proc *p)
+/* Foreground output: as much as the stream's credit and queue allow. */
+static size_t exec_room(struct proc *p, void *owner)
 {
+	(void)p;
+	size_t n = stream_can_send(owner);
+	if (n == 0)
+		stream_wait_writable(owner); /* then exec_writable() */
+	return n;
+}
+
+static void exec_output(struct proc *p, void *owner, int chan, const uint8_t *buf, size_t len)
+{
+	(void)p;
+	stream_send_flagged(owner, buf, len, chan == 1 ? FRAME_FLAG_STDERR : 0);
+}
+
+static void exec_finished(struct proc *p, void *owner)
+{
+	(void)owner;
 	struct stream *st = take_fg(p);
 	stream_send_data(st, NULL, 0, true);
 	Shim__V1__ExitStatus ex;
-	proc_fill_exit(p, &ex);
+	exec_fill_exit(p, &ex);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
 	op_end(st, &res);
 	proc_unref(p);
 }
+
+/* Stdin bytes the process took (written, or dropped): the client's credit back. */
+static void exec_taken(struct proc *p, void *owner, size_t n)
+{
+	(void)p;
+	stream_grant(owner, (uint32_t)n);
+}
+
+static const struct proc_owner_ops exec_owner_ops = {
+	.started = exec_started,
+	.failed = exec_failed,
+	.room = exec_room,
+	.output = exec_output,
+	.finished = exec_finished,
+	.taken = exec_taken,
+};
 
 /* ---- the exec stream ---- */
 
@@ -192,18 +218,22 @@ static int exec_data(struct stream *st, const uint8_t *buf, size_t len, bool fin
 			return 0; /* a bare FIN: nothing to close */
 		return err_set(err, EINVAL, NULL, "stdin was not requested for this command");
 	}
-	return proc_stdin_data(p, st, buf, len, fin, err);
+	if (p->in_owner != st) {
+		stream_grant(st, (uint32_t)len); /* no longer the writer: dropped */
+		return 0;
+	}
+	return proc_stdin_data(p, buf, len, fin, err);
 }
 
 static void exec_writable(struct stream *st)
 {
-	proc_fg_writable(st->op_data);
+	proc_owner_writable(st->op_data);
 }
 
 static void exec_cancel(struct stream *st)
 {
 	struct proc *p = st->op_data;
-	if (p->fg != st)
+	if (p->owner != st)
 		return;
 	log_debug("process %s: exec stream cancelled: SIGKILL to the group", p->id);
 	proc_stdin_release(p, st);
@@ -225,7 +255,7 @@ static void exec_done(struct work *w)
 {
 	struct exec_job *j = container_of(w, struct exec_job, work);
 	struct proc *p = j->p;
-	if (p->fg == NULL) {
+	if (p->owner == NULL) {
 		/* the stream went away while we prepared */
 		if (p->state == PROC_STARTING)
 			proc_start_failed(p);
@@ -234,7 +264,7 @@ static void exec_done(struct work *w)
 		if (j->rc == 0)
 			pid = spawn_fork(&j->plan, &j->err);
 		if (pid < 0) {
-			exec_failed(p, &j->err);
+			exec_failed(p, p->owner, &j->err);
 			proc_start_failed(p);
 		} else {
 			proc_spawned(p, pid, &j->plan);
@@ -289,10 +319,10 @@ int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *er
 	p->grace_ms = er->has_kill_grace_ms ? er->kill_grace_ms : PROC_GRACE_DEFAULT_MS;
 	p->ring_bytes = er->has_ring_bytes && er->ring_bytes > 0 ? (size_t)er->ring_bytes : PROC_RING_DEFAULT;
 	p->has_stdin = er->stdin || er->pty;
-	p->fg = st;
+	proc_set_owner(p, &exec_owner_ops, st);
 	proc_ref(p); /* the stream's */
 	if (!er->detach && p->has_stdin)
-		p->in_owner = st;
+		proc_stdin_take(p, &exec_owner_ops, st);
 	st->ops = &exec_ops;
 	st->op_data = p;
 

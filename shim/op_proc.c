@@ -14,6 +14,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "log.h"
+#include "op_exec.h"
 #include "ops.h"
 #include "proc.h"
 #include "util.h"
@@ -25,19 +26,24 @@
 #include <sys/ioctl.h>
 #include <termios.h>
 
-struct proc_attach {
+struct attach {
+	struct proc_attachment pa;
 	struct stream *st;
 	struct proc *p;
-	struct proc_attach *next;
 	uint64_t pos[2];        /* next byte to send, per channel (ring offsets) */
 	uint64_t replay_end[2]; /* the heads when the attach began */
 	int phase;              /* 0: replay stdout, 1: replay stderr, 2: live */
 	int last;               /* live: the channel sent last (to alternate) */
 	bool follow, writes_stdin;
-	unsigned gen;
 };
 
-static unsigned notify_gen;
+/* A wait, or an rmproc with kill. */
+struct waiter {
+	struct proc_attachment pa;
+	struct stream *st;
+	struct proc *p;
+	bool remove; /* rmproc: remove once reaped, END Done; else wait: END ExitStatus */
+};
 
 static void done_reply(struct stream *st)
 {
@@ -51,7 +57,7 @@ static void done_reply(struct stream *st)
 static void exit_reply(struct stream *st, const struct proc *p)
 {
 	Shim__V1__ExitStatus ex;
-	proc_fill_exit(p, &ex);
+	exec_fill_exit(p, &ex);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
@@ -68,19 +74,14 @@ static struct proc *lookup(const char *id, struct shim_err *err)
 
 /* ---- attach ---- */
 
-static void attach_unlink(struct proc_attach *a)
+static void attach_unlink(struct attach *a)
 {
-	for (struct proc_attach **pp = &a->p->attachers; *pp != NULL; pp = &(*pp)->next) {
-		if (*pp == a) {
-			*pp = a->next;
-			break;
-		}
-	}
+	proc_attach_remove(a->p, &a->pa);
 	if (a->writes_stdin)
-		proc_stdin_release(a->p, a->st);
+		proc_stdin_release(a->p, a);
 }
 
-static void attach_finish(struct proc_attach *a)
+static void attach_finish(struct attach *a)
 {
 	struct proc *p = a->p;
 	struct stream *st = a->st;
@@ -95,7 +96,7 @@ static void attach_finish(struct proc_attach *a)
 }
 
 /* Send what the client may take now; ends the stream when there is no more. */
-static void attach_pump(struct proc_attach *a)
+static void attach_pump(struct attach *a)
 {
 	struct proc *p = a->p;
 	for (;;) {
@@ -122,7 +123,7 @@ static void attach_pump(struct proc_attach *a)
 			if (ch < 0) {
 				if (p->done)
 					attach_finish(a);
-				return; /* attach_notify() calls again */
+				return; /* attach_changed() calls again */
 			}
 			limit = p->out[ch].ring.head;
 		}
@@ -151,30 +152,36 @@ static void attach_pump(struct proc_attach *a)
 	}
 }
 
-void attach_notify(struct proc *p)
+/* New output in the rings, the exit, or the output closed. */
+static void attach_changed(struct proc *p, void *owner)
 {
-	/* A pump may end its own stream (and, through the connection, others):
-	 * visit each attached stream once, starting over after every call. */
-	unsigned gen = ++notify_gen;
-again:
-	for (struct proc_attach *a = p->attachers; a != NULL; a = a->next) {
-		if (a->gen == gen)
-			continue;
-		a->gen = gen;
-		attach_pump(a);
-		goto again;
-	}
+	(void)p;
+	attach_pump(owner);
 }
+
+/* Stdin bytes the process took (written, or dropped): the client's credit back. */
+static void attach_taken(struct proc *p, void *owner, size_t n)
+{
+	(void)p;
+	struct attach *a = owner;
+	stream_grant(a->st, (uint32_t)n);
+}
+
+static const struct proc_owner_ops attach_owner_ops = {.changed = attach_changed, .taken = attach_taken};
 
 static int attach_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct proc_attach *a = st->op_data;
+	struct attach *a = st->op_data;
 	if (!a->writes_stdin) {
 		if (len == 0)
 			return 0;
 		return err_set(err, EINVAL, NULL, "stdin was not requested for this attach");
 	}
-	return proc_stdin_data(a->p, st, buf, len, fin, err);
+	if (a->p->in_owner != a) {
+		stream_grant(st, (uint32_t)len); /* no longer the writer: dropped */
+		return 0;
+	}
+	return proc_stdin_data(a->p, buf, len, fin, err);
 }
 
 static void attach_writable(struct stream *st)
@@ -184,7 +191,7 @@ static void attach_writable(struct stream *st)
 
 static void attach_cancel(struct stream *st)
 {
-	struct proc_attach *a = st->op_data;
+	struct attach *a = st->op_data;
 	struct proc *p = a->p;
 	attach_unlink(a); /* the process goes on */
 	free(a);
@@ -207,7 +214,7 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 		if (p->in_owner != NULL)
 			return err_set(err, EBUSY, p->id, "another client is writing its stdin");
 	}
-	struct proc_attach *a = calloc(1, sizeof(*a));
+	struct attach *a = calloc(1, sizeof(*a));
 	if (a == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	a->st = st;
@@ -220,13 +227,12 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	}
 	if (r->stdin) {
 		a->writes_stdin = true;
-		p->in_owner = st;
-		p->in_fin = false;
+		proc_stdin_take(p, &attach_owner_ops, a);
 	}
 	proc_ref(p);
-	a->next = p->attachers;
-	p->attachers = a;
-	a->gen = notify_gen;
+	a->pa.ops = &attach_owner_ops;
+	a->pa.owner = a;
+	proc_attach_add(p, &a->pa);
 	st->ops = &attach_ops;
 	st->op_data = a;
 	exec_send_started(st, p);
@@ -238,17 +244,18 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 
 static void waiter_cancel(struct stream *st)
 {
-	struct proc_waiter *w = st->op_data;
-	proc_remove_waiter(w->p, w);
+	struct waiter *w = st->op_data;
+	proc_attach_remove(w->p, &w->pa);
 	proc_unref(w->p);
 	free(w);
 }
 
 static const struct stream_ops waiter_ops = {.cancel = waiter_cancel};
 
-void waiter_notify(struct proc_waiter *w)
+/* Reaped (proc.c took the waiter off). */
+static void waiter_exited(struct proc *p, void *owner)
 {
-	struct proc *p = w->p;
+	struct waiter *w = owner;
 	if (w->remove) {
 		proc_unlist(p);
 		done_reply(w->st);
@@ -259,15 +266,20 @@ void waiter_notify(struct proc_waiter *w)
 	proc_unref(p);
 }
 
+static const struct proc_owner_ops waiter_owner_ops = {.exited = waiter_exited};
+
 static int add_waiter(struct stream *st, struct proc *p, bool remove, struct shim_err *err)
 {
-	struct proc_waiter *w = calloc(1, sizeof(*w));
+	struct waiter *w = calloc(1, sizeof(*w));
 	if (w == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	w->st = st;
+	w->p = p;
 	w->remove = remove;
+	w->pa.ops = &waiter_owner_ops;
+	w->pa.owner = w;
 	proc_ref(p);
-	proc_add_waiter(p, w);
+	proc_attach_add(p, &w->pa);
 	st->ops = &waiter_ops;
 	st->op_data = w;
 	return 0;
@@ -354,7 +366,7 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 	for (struct proc *p = proc_first(); p != NULL; p = proc_next(p))
 		if (p->state == PROC_RUNNING || p->state == PROC_EXITED)
 			n++;
-	struct proc_info_buf *bufs = calloc(n ? n : 1, sizeof(*bufs));
+	struct exec_info_buf *bufs = calloc(n ? n : 1, sizeof(*bufs));
 	Shim__V1__ProcessInfo **infos = calloc(n ? n : 1, sizeof(*infos));
 	if (bufs == NULL || infos == NULL) {
 		free(bufs);
@@ -375,8 +387,8 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 		for (struct proc *p = proc_first(); p != NULL && i < n; p = proc_next(p)) {
 			if (p->state != PROC_RUNNING && p->state != PROC_EXITED)
 				continue;
-			proc_info_buf_free(&bufs[i]);
-			if (proc_fill_info(p, &bufs[i], argv_steps[s]) < 0)
+			exec_info_buf_free(&bufs[i]);
+			if (exec_fill_info(p, &bufs[i], argv_steps[s]) < 0)
 				rc = -1;
 			infos[i] = &bufs[i].info;
 			i++;
@@ -393,7 +405,7 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 	if (rc == 0)
 		op_end(st, &res);
 	for (size_t i = 0; i < n; i++)
-		proc_info_buf_free(&bufs[i]);
+		exec_info_buf_free(&bufs[i]);
 	free(bufs);
 	free(infos);
 	if (rc < 0)

@@ -61,8 +61,9 @@ int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 /* op_fs_watch.c */
 int op_fs_watch(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
-/* op_exec.c: commands and processes (all on the loop: fork/exec, pipes, the reaper) */
+/* op_exec.c: commands (prepared on a worker; fork, pipes and the reaper on the loop) */
 int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+/* op_proc.c: requests about processes by id (on the loop) */
 int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);

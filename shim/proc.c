@@ -1,8 +1,10 @@
 /* proc.c: the table of processes the shim started, and each one's life: exec result, output, stdin, timers, exit.
  *
  * A process is owned by references: the table (while its id is listed), its pid
- * (from fork until it is reaped and the exec result is known), the exec stream,
- * and each attached stream. Everything runs on the loop thread.
+ * (from fork until it is reaped and the exec result is known), its owner (the exec
+ * stream), and each attachment. The table reports to them through their
+ * proc_owner_ops (proc.h): it knows no streams, frames and credit. Everything runs
+ * on the loop thread.
  *
  * Life of a process:
  *   STARTING  created by the exec request (id taken, invisible to lookups), then
@@ -16,7 +18,6 @@
  *             PROC_MAX_EXITED newer ones have exited.
  *   FAILED    never started (the exec stream got the error); not listed */
 #include "proc.h"
-#include "conn.h"
 #include "frame.h"
 #include "log.h"
 #include "reaper.h"
@@ -48,8 +49,9 @@ static struct {
 	uint64_t exit_seq;
 } tab;
 
-/* Output is read through this buffer (loop thread only). */
+/* Output is read through this buffer (loop thread only), a DATA frame at a time. */
 static uint8_t rbuf[FRAME_DATA_CHUNK];
+static unsigned notify_gen;
 
 static struct ev_loop *loop_(void)
 {
@@ -214,7 +216,7 @@ static void stdin_close(struct proc *p)
 	/* bytes that will never be written: give the writer its credit back so that
 	 * it does not stall (what it sends from now on is dropped, see stdin_data) */
 	if (p->in_len > 0 && p->in_owner != NULL)
-		stream_grant(p->in_owner, (uint32_t)p->in_len);
+		p->in_ops->taken(p, p->in_owner, p->in_len);
 	p->in_len = 0;
 }
 
@@ -605,6 +607,36 @@ static void grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* ---- the end ---- */
 
+/* Tell the attachments that something changed. One may end its own stream (and,
+ * through the connection, others): each is visited once, starting over after every
+ * call. */
+static void notify(struct proc *p)
+{
+	unsigned gen = ++notify_gen;
+again:
+	for (struct proc_attachment *a = p->attached; a != NULL; a = a->next) {
+		if (a->gen == gen || a->ops->changed == NULL)
+			continue;
+		a->gen = gen;
+		a->ops->changed(p, a->owner);
+		goto again;
+	}
+}
+
+/* Reaped: the attachments waiting for that are taken off and told. */
+static void notify_exited(struct proc *p)
+{
+	for (;;) {
+		struct proc_attachment *a = p->attached;
+		while (a != NULL && a->ops->exited == NULL)
+			a = a->next;
+		if (a == NULL)
+			return;
+		proc_attach_remove(p, a);
+		a->ops->exited(p, a->owner);
+	}
+}
+
 /* Reaped and both output channels closed: the process is done. */
 static void check_done(struct proc *p)
 {
@@ -628,9 +660,9 @@ static void check_done(struct proc *p)
 	}
 	p->done = true;
 	stdin_close(p);
-	if (p->fg != NULL)
-		exec_finished(p);
-	attach_notify(p);
+	if (p->owner != NULL)
+		p->owner_ops->finished(p, p->owner);
+	notify(p);
 }
 
 static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -639,7 +671,7 @@ static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	struct proc *p = container_of(w, struct proc, linger);
 	/* A client that has not taken what is queued yet is not cut off: the wait
 	 * is for descendants that hold the pipes, not for the client. */
-	if (p->fg != NULL && p->fg_blocked) {
+	if (p->owner != NULL && p->fg_blocked) {
 		ev_timer_set(w, PROC_LINGER_MS / 1000.0, 0.);
 		ev_timer_start(loop, w);
 		return;
@@ -651,7 +683,7 @@ static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if (p->out[i].fd >= 0)
 			chan_read(&p->out[i], LINGER_DRAIN_ROUNDS);
 	if (!p->done) {
-		if (p->fg != NULL && p->fg_blocked) {
+		if (p->owner != NULL && p->fg_blocked) {
 			ev_timer_set(w, PROC_LINGER_MS / 1000.0, 0.);
 			ev_timer_start(loop, w);
 		} else {
@@ -695,17 +727,12 @@ static void on_exit_(struct proc *p)
 	ev_timer_stop(loop_(), &p->timeout);
 	p->exit_seq = ++tab.exit_seq;
 	set_state(p, PROC_EXITED);
-	while (p->waiters != NULL) {
-		struct proc_waiter *w = p->waiters;
-		p->waiters = w->next;
-		w->next = NULL;
-		waiter_notify(w);
-	}
+	notify_exited(p);
 	if (!p->detached)
 		proc_unlist(p); /* foreground: in ps only while running */
 	else
 		evict_exited();
-	attach_notify(p);
+	notify(p);
 	check_done(p);
 }
 
@@ -743,7 +770,7 @@ static void start_io(struct proc *p)
 		struct proc_chan *c = &p->out[i];
 		if (c->fd < 0)
 			continue;
-		if (!p->detached && p->fg == NULL) {
+		if (!p->detached && p->owner == NULL) {
 			chan_close(c); /* nobody to send it to */
 			continue;
 		}
@@ -774,7 +801,8 @@ static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
 		spawn_failure_err(&f, p->exec_path, p->cwd, &e);
 		log_debug("process %s: could not start: %s: %s", p->id, e.msg, strerror(e.code));
 		set_state(p, PROC_FAILED);
-		exec_failed(p, &e);
+		if (p->owner != NULL)
+			p->owner_ops->failed(p, p->owner, &e);
 		chan_close(&p->out[0]);
 		chan_close(&p->out[1]);
 		p->in_owner = NULL;
@@ -783,7 +811,8 @@ static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
 	} else {
 		/* EOF: execve() closed the pipe (CLOEXEC): it runs */
 		set_state(p, PROC_RUNNING);
-		exec_started(p);
+		if (p->owner != NULL)
+			p->owner_ops->started(p, p->owner);
 		start_io(p);
 		if (p->timeout_ms > 0 && !p->reaped) {
 			ev_now_update(loop); /* the timeout counts from now, not from the loop's wakeup */
@@ -853,9 +882,15 @@ void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl)
 		errpipe_cb(loop_(), &p->errio, EV_READ);
 }
 
+void proc_set_owner(struct proc *p, const struct proc_owner_ops *ops, void *owner)
+{
+	p->owner_ops = ops;
+	p->owner = owner;
+}
+
 void proc_abandon(struct proc *p)
 {
-	p->fg = NULL;
+	proc_set_owner(p, NULL, NULL);
 	if (p->live)
 		proc_kill(p, SIGKILL, false);
 	if (p->state == PROC_STARTING)
@@ -870,9 +905,9 @@ void proc_abandon(struct proc *p)
 
 /* ---- output ---- */
 
-/* Read a channel. Foreground: only as much as the exec stream may send (a client
- * that does not read blocks the command on its pipe), except in collect mode past
- * the cap, where bytes are read and dropped. Detached: always, into the ring. */
+/* Read a channel. Foreground: only as much as the owner takes (a client that does
+ * not read blocks the command on its pipe), except in collect mode past the cap,
+ * where bytes are read and dropped. Detached: always, into the ring. */
 static void chan_read(struct proc_chan *c, int rounds)
 {
 	struct proc *p = c->p;
@@ -881,7 +916,7 @@ static void chan_read(struct proc_chan *c, int rounds)
 		size_t want = sizeof(rbuf);
 		bool drop = false;
 		if (!p->detached) {
-			if (p->fg == NULL) {
+			if (p->owner == NULL) {
 				chan_close(c);
 				check_done(p);
 				return;
@@ -889,11 +924,11 @@ static void chan_read(struct proc_chan *c, int rounds)
 			if (p->output_cap > 0 && c->sent >= p->output_cap) {
 				drop = true;
 			} else {
-				size_t n = stream_can_send(p->fg);
+				size_t n = p->owner_ops->room(p, p->owner);
 				if (n == 0) {
+					/* the owner calls proc_owner_writable() */
 					ev_io_stop(loop_(), &c->io);
 					p->fg_blocked = true;
-					stream_wait_writable(p->fg);
 					return;
 				}
 				if (n < want)
@@ -916,7 +951,7 @@ static void chan_read(struct proc_chan *c, int rounds)
 		if (r == 0) {
 			chan_close(c);
 			if (got)
-				attach_notify(p);
+				notify(p);
 			check_done(p);
 			return;
 		}
@@ -926,14 +961,14 @@ static void chan_read(struct proc_chan *c, int rounds)
 		} else if (drop) {
 			c->truncated = true;
 		} else {
-			stream_send_flagged(p->fg, rbuf, (size_t)r, c->idx == 1 ? FRAME_FLAG_STDERR : 0);
+			p->owner_ops->output(p, p->owner, c->idx, rbuf, (size_t)r);
 			c->sent += (uint64_t)r;
 		}
 		if ((size_t)r < want)
 			break; /* drained for now */
 	}
 	if (got)
-		attach_notify(p);
+		notify(p);
 }
 
 static void chan_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -947,7 +982,7 @@ static void chan_cb(struct ev_loop *loop, ev_io *w, int revents)
 	proc_unref(p);
 }
 
-void proc_fg_writable(struct proc *p)
+void proc_owner_writable(struct proc *p)
 {
 	p->fg_blocked = false;
 	if (!p->io_started)
@@ -973,7 +1008,7 @@ static void stdin_flush(struct proc *p)
 				break;
 			/* EPIPE: the command closed its stdin; the rest is dropped */
 			if (done > 0 && p->in_owner != NULL)
-				stream_grant(p->in_owner, (uint32_t)done);
+				p->in_ops->taken(p, p->in_owner, done);
 			memmove(p->in_buf, p->in_buf + done, p->in_len - done);
 			p->in_len -= done;
 			stdin_close(p);
@@ -985,7 +1020,7 @@ static void stdin_flush(struct proc *p)
 		memmove(p->in_buf, p->in_buf + done, p->in_len - done);
 		p->in_len -= done;
 		if (p->in_owner != NULL)
-			stream_grant(p->in_owner, (uint32_t)done);
+			p->in_ops->taken(p, p->in_owner, done);
 	}
 	if (p->in_len > 0) {
 		ev_io_start(loop_(), &p->in_io);
@@ -1015,18 +1050,21 @@ static void stdin_cb(struct ev_loop *loop, ev_io *w, int revents)
 	proc_unref(p);
 }
 
-int proc_stdin_data(struct proc *p, struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+void proc_stdin_take(struct proc *p, const struct proc_owner_ops *ops, void *owner)
 {
-	if (p->in_owner != st) {
-		stream_grant(st, (uint32_t)len); /* not (or no longer) the writer: dropped */
-		return 0;
-	}
+	p->in_ops = ops;
+	p->in_owner = owner;
+	p->in_fin = false;
+}
+
+int proc_stdin_data(struct proc *p, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+{
 	if (len > 0) {
 		/* stdin closed (the command closed it, or an earlier FIN): dropped, but the
 		 * credit goes back so that the client is not stuck */
 		bool closed = p->state != PROC_STARTING && p->in_fd < 0;
 		if (closed || p->done) {
-			stream_grant(st, (uint32_t)len);
+			p->in_ops->taken(p, p->in_owner, len);
 		} else {
 			if (p->in_len + len > p->in_cap) {
 				/* The client cannot have more in flight than the credit we
@@ -1053,9 +1091,9 @@ int proc_stdin_data(struct proc *p, struct stream *st, const uint8_t *buf, size_
 	return 0;
 }
 
-void proc_stdin_release(struct proc *p, struct stream *st)
+void proc_stdin_release(struct proc *p, void *owner)
 {
-	if (st == NULL || p->in_owner != st)
+	if (owner == NULL || p->in_owner != owner)
 		return;
 	p->in_owner = NULL;
 	p->in_len = 0;
@@ -1063,21 +1101,21 @@ void proc_stdin_release(struct proc *p, struct stream *st)
 	ev_io_stop(loop_(), &p->in_io);
 }
 
-/* ---- waiters ---- */
+/* ---- attachments ---- */
 
-void proc_add_waiter(struct proc *p, struct proc_waiter *w)
+void proc_attach_add(struct proc *p, struct proc_attachment *a)
 {
-	w->p = p;
-	w->next = p->waiters;
-	p->waiters = w;
+	a->gen = notify_gen; /* a notification running now has not told it */
+	a->next = p->attached;
+	p->attached = a;
 }
 
-void proc_remove_waiter(struct proc *p, struct proc_waiter *w)
+void proc_attach_remove(struct proc *p, struct proc_attachment *a)
 {
-	for (struct proc_waiter **pp = &p->waiters; *pp != NULL; pp = &(*pp)->next) {
-		if (*pp == w) {
-			*pp = w->next;
-			w->next = NULL;
+	for (struct proc_attachment **pp = &p->attached; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == a) {
+			*pp = a->next;
+			a->next = NULL;
 			return;
 		}
 	}

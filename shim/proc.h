@@ -10,9 +10,7 @@
 
 #include "err.h"
 #include "ring.h"
-#include "shim.pb-c.h"
 
-struct stream;
 struct spawn_plan;
 
 /* Limits (see PROTOCOL.md, commands). */
@@ -39,18 +37,39 @@ struct proc_chan {
 	int fd;  /* our read end; -1 once at EOF or cut */
 	ev_io io;
 	struct ring ring; /* detached: the newest ring_bytes of output */
-	uint64_t sent;    /* foreground: bytes sent on the exec stream */
+	uint64_t sent;    /* foreground: bytes handed to the owner */
 	bool truncated;   /* collect mode: bytes were dropped */
 };
 
-struct proc_attach;
+/* How the table reports to the operations (op_exec.c, op_proc.c). Each callback gets
+ * the process and the opaque owner pointer it was registered with; a kind of owner
+ * leaves NULL what it has no use for. proc.c knows no streams: framing output as DATA
+ * and the credit of both directions stay with the owner. */
+struct proc_owner_ops {
+	/* The owner of the process (the exec stream: proc_set_owner). */
+	void (*started)(struct proc *p, void *owner);                            /* execve() succeeded */
+	void (*failed)(struct proc *p, void *owner, const struct shim_err *err); /* it could not start */
+	/* Foreground output: bytes it can take now; 0 when it cannot, and then it calls
+	 * proc_owner_writable() once it can. */
+	size_t (*room)(struct proc *p, void *owner);
+	void (*output)(struct proc *p, void *owner, int chan, const uint8_t *buf, size_t len); /* chan 1: stderr */
+	void (*finished)(struct proc *p, void *owner); /* reaped, and the output closed */
 
-/* A wait or rmproc request waiting for the exit. */
-struct proc_waiter {
-	struct stream *st;
-	struct proc *p;
-	struct proc_waiter *next;
-	bool remove; /* rmproc (kill): remove once reaped, END Done; else wait: END ExitStatus */
+	/* An attachment (proc_attach_add): attach, wait, rmproc. */
+	void (*exited)(struct proc *p, void *owner);  /* reaped: it is taken off first */
+	void (*changed)(struct proc *p, void *owner); /* new output in the rings, the exit, output closed */
+
+	/* The stdin writer (proc_stdin_take): n of its bytes were written, or dropped
+	 * (its credit to hand back). */
+	void (*taken)(struct proc *p, void *owner, size_t n);
+};
+
+/* One attachment; the owner keeps it (usually inside its own struct). */
+struct proc_attachment {
+	const struct proc_owner_ops *ops;
+	void *owner;
+	struct proc_attachment *next;
+	unsigned gen; /* visited by the current notification */
 };
 
 struct proc {
@@ -63,7 +82,7 @@ struct proc {
 	bool reaped; /* exit status collected (maybe before the exec result was read) */
 	bool detached, pty, timed_out, done;
 	bool io_started;            /* exec succeeded: pipes watched, stdin written */
-	bool fg_blocked;            /* the exec stream ran out of credit or room */
+	bool fg_blocked;            /* the owner ran out of credit or room */
 	bool pid_released;          /* the pid's reference was dropped */
 	uint64_t exit_seq;          /* order of exits, for the retention of exited processes */
 	int status;                 /* raw wait status */
@@ -87,9 +106,9 @@ struct proc {
 	ev_io errio;
 	struct proc_chan out[2];
 
-	/* stdin: a pipe, or a dup of the pty master. Bytes from the owning stream are
-	 * written straight through; what the pipe does not take waits in buf, whose
-	 * size the owner's credit bounds (credit is handed back as bytes are written). */
+	/* stdin: a pipe, or a dup of the pty master. Bytes from the writer are written
+	 * straight through; what the pipe does not take waits in buf, whose size the
+	 * writer's credit bounds (in_ops->taken hands it back as bytes are written). */
 	int in_fd;
 	ev_io in_io;
 	uint8_t *in_buf;
@@ -97,7 +116,8 @@ struct proc {
 	bool in_fin;        /* close (pty: send VEOF) once buf is written */
 	bool has_stdin;     /* the command was given a stdin pipe or a pty */
 	unsigned char veof; /* pty: the end-of-file character */
-	struct stream *in_owner;
+	void *in_owner;     /* the writer, NULL if none */
+	const struct proc_owner_ops *in_ops;
 
 	ev_timer timeout, grace, linger;
 
@@ -108,9 +128,9 @@ struct proc {
 	unsigned long long *tree_start;
 	unsigned ntree;
 
-	struct stream *fg; /* the exec stream while it lasts */
-	struct proc_attach *attachers;
-	struct proc_waiter *waiters;
+	void *owner; /* the exec stream while it lasts, NULL after */
+	const struct proc_owner_ops *owner_ops;
+	struct proc_attachment *attached; /* newest first */
 };
 
 /* Check an id a client chose: 1..63 of [A-Za-z0-9._-]. */
@@ -129,8 +149,10 @@ void proc_unlist(struct proc *p);
 struct proc *proc_first(void);
 struct proc *proc_next(const struct proc *p);
 
+/* The owner (the exec stream) or, with NULL, none from now on. */
+void proc_set_owner(struct proc *p, const struct proc_owner_ops *ops, void *owner);
 /* The fork happened: take over pl's fds and strings, watch the pid and the exec
- * error pipe. The outcome comes back through exec_started() or exec_failed(). */
+ * error pipe. The outcome comes back through the owner's started() or failed(). */
 void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl);
 /* It will never be forked (prepare failed, fork failed, the stream went away
  * first): FAILED, out of the table. */
@@ -142,38 +164,20 @@ void proc_start_failed(struct proc *p);
  * (PPid chains from the leader and from those found before), signals the ones
  * outside the group, then the group gets the signal and SIGCONT. */
 int proc_kill(struct proc *p, int sig, bool only_leader);
-/* The foreground exec stream went away: SIGKILL the group, drop its output. */
+/* The foreground owner went away: SIGKILL the group, drop its output. */
 void proc_abandon(struct proc *p);
-/* The exec stream may send again: read the pipes. */
-void proc_fg_writable(struct proc *p);
-/* Stdin bytes from stream st (the exec stream, or an attach with stdin). -1 with err. */
-int proc_stdin_data(struct proc *p, struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err);
-/* st stops being the stdin writer; bytes of it not yet written are dropped. */
-void proc_stdin_release(struct proc *p, struct stream *st);
-/* A wait or rmproc waiter: add, or take away (cancelled). */
-void proc_add_waiter(struct proc *p, struct proc_waiter *w);
-void proc_remove_waiter(struct proc *p, struct proc_waiter *w);
-
-/* Hooks, implemented by the operations (op_exec.c, op_proc.c). */
-void exec_started(struct proc *p);                            /* EVENT started, or END ProcessInfo */
-void exec_failed(struct proc *p, const struct shim_err *err); /* ERROR on the exec stream */
-void exec_finished(struct proc *p);                           /* DATA FIN, END ExitStatus */
-void attach_notify(struct proc *p);                           /* new output, exit, output closed */
-void waiter_notify(struct proc_waiter *w);                    /* the process was reaped */
-
-/* Messages (op_exec.c). The filled messages point into p and into b. */
-void proc_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex);
-struct proc_info_buf {
-	Shim__V1__ProcessInfo info;
-	Shim__V1__ExitStatus exit;
-	Shim__V1__Timestamp started_at;
-	ProtobufCBinaryData *argv; /* malloc'd */
-};
-/* argv_max: bytes of argv to include (the rest is cut). -1 (ENOMEM). */
-int proc_fill_info(const struct proc *p, struct proc_info_buf *b, size_t argv_max);
-void proc_info_buf_free(struct proc_info_buf *b);
-/* EVENT started {id, pid} on st (exec, and attach). */
-void exec_send_started(struct stream *st, const struct proc *p);
+/* The owner can take output again: read the pipes. */
+void proc_owner_writable(struct proc *p);
+/* owner becomes the one writer of stdin (ops->taken gets its credit back); the end
+ * of input it may have sent before is forgotten. */
+void proc_stdin_take(struct proc *p, const struct proc_owner_ops *ops, void *owner);
+/* Stdin bytes from the writer (the caller checks that it is p->in_owner). -1 with err. */
+int proc_stdin_data(struct proc *p, const uint8_t *buf, size_t len, bool fin, struct shim_err *err);
+/* owner stops being the stdin writer; bytes of it not yet written are dropped. */
+void proc_stdin_release(struct proc *p, void *owner);
+/* An attachment: add (told of changes from now on), or take away. */
+void proc_attach_add(struct proc *p, struct proc_attachment *a);
+void proc_attach_remove(struct proc *p, struct proc_attachment *a);
 
 /* Processes running now (for info and shutdown). */
 unsigned proc_running(void);
