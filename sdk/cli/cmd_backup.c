@@ -245,8 +245,8 @@ int cmd_backup(struct ctx *ctx, int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
-	struct sbx_call_opts opts = {.timeout_ms = 0};
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 0};
 	struct intr in = {.pipe = {-1, -1}};
 	struct progress prog;
 	struct out_sink sink;
@@ -425,8 +425,8 @@ int cmd_restore(struct ctx *ctx, int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
-	struct sbx_restore_result res;
-	struct sbx_call_opts opts = {.timeout_ms = 0};
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 0};
 	struct intr in = {.pipe = {-1, -1}};
 	struct progress prog;
 	struct in_source src;

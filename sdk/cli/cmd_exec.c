@@ -509,10 +509,10 @@ static void *stdin_main(void *arg)
 static int run_foreground(struct ctx *ctx, struct exec_args *a, struct sbx_client *c)
 {
 	struct fg f = {.c = c, .stop_pipe = {-1, -1}};
-	struct sbx_call_opts opts = {.timeout_ms = -1};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 	struct sbx_proc *p = NULL;
 	struct sbx_error err;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	int rc = EXIT_OK, e, chan, sig_started = 0, in_started = 0, werr = 0;
 	char *buf = NULL;
 	long n;
@@ -612,7 +612,7 @@ out:
 
 static int run_exec(struct ctx *ctx, int argc, char **argv, int shell)
 {
-	struct sbx_process_info info;
+	struct sbx_process_info info = SBX_PROCESS_INFO_INIT;
 	struct exec_args a;
 	struct sbx_client *c = NULL;
 	struct sbx_error err;
@@ -671,7 +671,7 @@ int cmd_eval(struct ctx *ctx, int argc, char **argv)
 	struct sbx_output out = {0};
 	struct sbx_client *c;
 	struct sbx_error err;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	char *words = NULL, *tok, *save;
 	size_t n = 0;
 	int opt, rc;
@@ -747,11 +747,11 @@ static const char *exit_column(const struct sbx_process_info *pi, char *buf, siz
 {
 	if (pi->running)
 		return "-";
-	if (pi->exit.timed_out)
+	if (pi->timed_out)
 		return "timeout";
-	if (pi->exit.signal > 0)
-		return signal_name(pi->exit.signal, buf, size);
-	snprintf(buf, size, "%d", pi->exit.exit_code);
+	if (pi->signal > 0)
+		return signal_name(pi->signal, buf, size);
+	snprintf(buf, size, "%d", pi->exit_code);
 	return buf;
 }
 
@@ -778,9 +778,8 @@ static void ps_json(const struct ps_list *l)
 		}
 		printf(",\"exit\":{\"status\":%d,\"exit_code\":%d,\"signal\":%d,\"core_dumped\":%s,"
 		       "\"timed_out\":%s,\"duration_ns\":%" PRIu64 "}}",
-		       sbx_exit_status(&pi->exit), pi->exit.exit_code, pi->exit.signal,
-		       pi->exit.core_dumped ? "true" : "false", pi->exit.timed_out ? "true" : "false",
-		       pi->exit.duration_ns);
+		       pi->signal > 0 ? 128 + pi->signal : pi->exit_code, pi->exit_code, pi->signal,
+		       pi->core_dumped ? "true" : "false", pi->timed_out ? "true" : "false", pi->duration_ns);
 	}
 	fputs("]\n", stdout);
 }
@@ -842,7 +841,7 @@ int cmd_logs(struct ctx *ctx, int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	/* following runs until the process ends: --timeout is for connecting only */
-	struct sbx_call_opts opts = {.timeout_ms = 0};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 0};
 	struct sbx_client *c;
 	struct sbx_proc *p;
 	struct sbx_error err;
@@ -919,7 +918,7 @@ int cmd_wait(struct ctx *ctx, int argc, char **argv)
 {
 	struct sbx_client *c;
 	struct sbx_error err;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	int opt, rc;
 
 	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)

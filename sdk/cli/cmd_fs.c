@@ -101,6 +101,14 @@ static void json_time(const char *key, const struct sbx_timespec *t)
 }
 
 /* The stat as one JSON object, its first member key (e.g. "path") holding name. No newline. */
+/* The bytes of a symlink's target that its stat's buffer holds. */
+static size_t link_len(const struct sbx_stat *st)
+{
+	if (st->link_target == NULL || st->link_target_size == 0)
+		return 0;
+	return st->link_target_len < st->link_target_size ? st->link_target_len : st->link_target_size - 1;
+}
+
 static void stat_json(const char *key, const char *name, size_t name_len, const struct sbx_stat *st)
 {
 	printf("{\"%s\":", key);
@@ -116,7 +124,7 @@ static void stat_json(const char *key, const char *name, size_t name_len, const 
 	json_time("ctime", &st->ctime);
 	fputs(",\"link_target\":", stdout);
 	if (st->type == SBX_FT_SYMLINK)
-		json_strn(st->link_target, st->link_target_len);
+		json_strn(st->link_target, link_len(st));
 	else
 		fputs("null", stdout);
 	putchar('}');
@@ -132,7 +140,7 @@ static void stat_text(const char *path, const struct sbx_stat *st)
 	kv("type", "%s", sbx_file_type_name(st->type));
 	if (st->type == SBX_FT_SYMLINK) {
 		fputs("link target:   ", stdout);
-		put_escaped(st->link_target, st->link_target_len);
+		put_escaped(st->link_target, link_len(st));
 		putchar('\n');
 	}
 	kv("size", "%" PRIu64, st->size);
@@ -274,7 +282,7 @@ int cmd_put(struct ctx *ctx, int argc, char **argv)
 	int opt, rc, flags = 0, mode = SBX_MODE_KEEP;
 	struct sbx_client *c;
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	unsigned m;
 
 	while ((opt = cli_getopt(ctx, argc, argv, ":h", longopts)) != -1) {
@@ -328,7 +336,8 @@ int cmd_stat(struct ctx *ctx, int argc, char **argv)
 	};
 	struct sbx_client *c;
 	struct sbx_error err;
-	struct sbx_stat st;
+	char target[4097]; /* a symlink's target is below PATH_MAX */
+	struct sbx_stat st = {.struct_size = sizeof(st), .link_target = target, .link_target_size = sizeof(target)};
 	int opt, rc, flags = 0;
 
 	while ((opt = cli_getopt(ctx, argc, argv, ":Lh", longopts)) != -1) {
@@ -406,7 +415,7 @@ static int ls_entry(void *ud, const struct sbx_dirent *e)
 		put_escaped(e->name, e->name_len);
 		if (ls->long_fmt && e->stat && e->stat->type == SBX_FT_SYMLINK) {
 			fputs(" -> ", stdout);
-			put_escaped(e->stat->link_target, e->stat->link_target_len);
+			put_escaped(e->stat->link_target, link_len(e->stat));
 		}
 		putchar('\n');
 	}
@@ -784,7 +793,7 @@ int cmd_df(struct ctx *ctx, int argc, char **argv)
 	uint64_t bs, size, used, avail, iused;
 	struct sbx_client *c;
 	struct sbx_error err;
-	struct sbx_statfs fs;
+	struct sbx_statfs fs = SBX_STATFS_INIT;
 	char p1[16], p2[16];
 	int opt, rc;
 
@@ -902,7 +911,7 @@ int cmd_watch(struct ctx *ctx, int argc, char **argv)
 	struct sigwatch w = {.stop = 0};
 	struct watch_state ws = {ctx->json, 0};
 	/* A watch runs until it is stopped: --timeout is for connecting only. */
-	struct sbx_call_opts opts = {.timeout_ms = -1};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 	struct sbx_client *c;
 	struct sbx_error err;
 	int opt, rc, flags = 0, e;

@@ -120,6 +120,7 @@ static int fs_global_misused(const struct ctx *ctx)
 
 void fs_opts_into(const struct ctx *ctx, struct sbx_call_opts *opts)
 {
+	opts->struct_size = sizeof(*opts);
 	opts->user = ctx->as_user;
 	opts->group = ctx->as_group;
 	opts->resolve = ctx->resolve;
@@ -816,7 +817,7 @@ static int cmd_info(struct ctx *ctx, int argc, char **argv)
 {
 	struct sbx_client *c;
 	struct sbx_error err;
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	int opt, rc;
 
 	if ((opt = cli_getopt(ctx, argc, argv, ":h", help_only_opts)) != -1)
@@ -825,7 +826,6 @@ static int cmd_info(struct ctx *ctx, int argc, char **argv)
 		return rc;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	memset(&in, 0, sizeof(in));
 	rc = sbx_info(c, NULL, &in, &err) < 0 ? fail(&err, NULL) : EXIT_OK;
 	sbx_client_close(c);
 	if (rc != EXIT_OK)

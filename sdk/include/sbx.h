@@ -12,6 +12,14 @@
  * - A client can also be driven from the caller's event loop: watch sbx_client_fd()
  *   for readability and call sbx_client_process(); *_async calls report through
  *   callbacks invoked from sbx_client_process().
+ * - Every struct passed in or filled in by the library starts with size_t struct_size,
+ *   which the caller sets to the sizeof it was compiled with: use the SBX_*_INIT
+ *   macros (SBX_CALL_OPTS_INIT, SBX_STAT_INIT, ...), which set it and zero the rest.
+ *   The library reads only the caller's struct_size bytes of an input (a field beyond
+ *   them reads as zero) and writes only struct_size bytes of an output. struct_size 0
+ *   (or smaller than the field itself) is EINVAL; a struct larger than this library
+ *   knows is accepted when its unknown tail is all zeros (else E2BIG), and an output's
+ *   unknown tail is zeroed. sdk/ABI.md has the rules for growing the ABI.
  */
 #ifndef SBX_H
 #define SBX_H
@@ -80,6 +88,7 @@ SBX_API void sbx_cancel_free(struct sbx_cancel *tok);
 
 /* Per-call options; NULL means "the client's default timeout, no cancel token". */
 struct sbx_call_opts {
+	size_t struct_size;        /* set by SBX_CALL_OPTS_INIT */
 	int timeout_ms;            /* 0: the client's default; -1: no timeout */
 	struct sbx_cancel *cancel; /* may be NULL */
 	/* File operations only (stat, read, write, list, watch, mkdir, remove, rename,
@@ -91,6 +100,10 @@ struct sbx_call_opts {
 	const char *group; /* name or number: the primary group instead of the user's */
 	unsigned resolve;  /* SBX_RESOLVE_* */
 };
+/* (clang-format 14 would lay out a macro body that starts with { as a block) */
+/* clang-format off */
+#define SBX_CALL_OPTS_INIT {.struct_size = sizeof(struct sbx_call_opts)}
+/* clang-format on */
 #define SBX_RESOLVE_NO_FOLLOW 0x1u   /* the path's last component may not be a symlink: ELOOP */
 #define SBX_RESOLVE_NO_SYMLINKS 0x2u /* no component of the path may be a symlink: ELOOP */
 
@@ -100,7 +113,7 @@ struct sbx_call_opts {
 typedef void (*sbx_trace_fn)(void *ud, const char *line);
 
 struct sbx_connect_opts {
-	unsigned struct_size;    /* sizeof(struct sbx_connect_opts): set by SBX_CONNECT_OPTS_INIT */
+	size_t struct_size;      /* sizeof(struct sbx_connect_opts): set by SBX_CONNECT_OPTS_INIT */
 	const char *token;       /* NULL: $SBX_TOKEN, if set (never for exec: targets) */
 	const char *client_name; /* for the shim's logs; NULL: "libsbx/VERSION" */
 	int connect_timeout_ms;  /* one connect + handshake attempt; 0: 10000 */
@@ -110,9 +123,8 @@ struct sbx_connect_opts {
 	sbx_trace_fn trace;      /* NULL: no tracing */
 	void *trace_ud;
 };
-/* (clang-format 14 would lay out a macro body that starts with { as a block) */
 /* clang-format off */
-#define SBX_CONNECT_OPTS_INIT {sizeof(struct sbx_connect_opts), 0, 0, 0, 0, 0, 0, 0}
+#define SBX_CONNECT_OPTS_INIT {.struct_size = sizeof(struct sbx_connect_opts)}
 /* clang-format on */
 
 struct sbx_client;
@@ -170,6 +182,7 @@ typedef void (*sbx_ping_cb)(void *ud, int status, uint64_t rtt_ns, const struct 
 SBX_API int sbx_ping_async(struct sbx_client *c, sbx_ping_cb cb, void *ud, struct sbx_error *err);
 
 struct sbx_info {
+	size_t struct_size; /* set by SBX_INFO_INIT */
 	char shim_version[32];
 	unsigned protocol_version;
 	char features[256];
@@ -190,6 +203,9 @@ struct sbx_info {
 	unsigned max_streams;
 	unsigned workers;
 };
+/* clang-format off */
+#define SBX_INFO_INIT {.struct_size = sizeof(struct sbx_info)}
+/* clang-format on */
 SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_info *out,
 		     struct sbx_error *err);
 
@@ -223,7 +239,8 @@ struct sbx_timespec {
 };
 
 struct sbx_stat {
-	int type; /* enum sbx_file_type */
+	size_t struct_size; /* set by SBX_STAT_INIT */
+	int type;           /* enum sbx_file_type */
 	uint64_t size;
 	uint32_t mode; /* permission bits with setuid/setgid/sticky (st_mode & 07777) */
 	uint32_t uid;
@@ -234,9 +251,18 @@ struct sbx_stat {
 	uint64_t rdev;
 	uint64_t blocks; /* 512-byte blocks allocated */
 	struct sbx_timespec atime, mtime, ctime;
-	size_t link_target_len; /* symlinks: the target (any bytes), NUL-terminated too */
-	char link_target[4097];
+	/* A symlink's target (any bytes). In: link_target, a buffer of link_target_size
+	 * bytes owned by the caller, or NULL if the target is not wanted. Out:
+	 * link_target_len, the target's full length (0 if not a symlink), and the buffer
+	 * holds the target NUL-terminated, cut to link_target_size - 1 bytes if longer.
+	 * In a struct sbx_dirent the library owns the buffer: valid during the callback. */
+	char *link_target;
+	size_t link_target_size;
+	size_t link_target_len;
 };
+/* clang-format off */
+#define SBX_STAT_INIT {.struct_size = sizeof(struct sbx_stat)}
+/* clang-format on */
 
 #define SBX_STAT_FOLLOW 0x1 /* stat the target of a symlink rather than the link */
 SBX_API int sbx_stat(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
@@ -338,6 +364,7 @@ SBX_API int sbx_set_times(struct sbx_client *c, const struct sbx_call_opts *opts
 			  struct sbx_error *err);
 
 struct sbx_statfs {
+	size_t struct_size; /* set by SBX_STATFS_INIT */
 	uint64_t block_size;
 	uint64_t blocks, blocks_free, blocks_available;
 	uint64_t files, files_free;
@@ -345,6 +372,9 @@ struct sbx_statfs {
 	uint64_t flags;   /* ST_RDONLY (1), ST_NOSUID (2), ... */
 	uint64_t name_max;
 };
+/* clang-format off */
+#define SBX_STATFS_INIT {.struct_size = sizeof(struct sbx_statfs)}
+/* clang-format on */
 SBX_API int sbx_statfs(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, struct sbx_statfs *out,
 		       struct sbx_error *err);
 
@@ -384,7 +414,7 @@ struct sbx_rlimit {
 };
 
 struct sbx_exec_opts {
-	unsigned struct_size;    /* sizeof(struct sbx_exec_opts): set by SBX_EXEC_OPTS_INIT */
+	size_t struct_size;      /* sizeof(struct sbx_exec_opts): set by SBX_EXEC_OPTS_INIT */
 	const char *const *argv; /* NULL-terminated; argv[0] searched in PATH without '/' */
 	const char *shell;       /* or a /bin/sh -c string (argv NULL) */
 	const char *const *env;  /* NULL-terminated "K=V" entries added to the environment */
@@ -408,10 +438,11 @@ struct sbx_exec_opts {
 	uint64_t ring_bytes; /* detached: ring buffer per stream (0: 1 MiB) */
 };
 /* clang-format off */
-#define SBX_EXEC_OPTS_INIT {sizeof(struct sbx_exec_opts), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define SBX_EXEC_OPTS_INIT {.struct_size = sizeof(struct sbx_exec_opts)}
 /* clang-format on */
 
 struct sbx_exit {
+	size_t struct_size; /* set by SBX_EXIT_INIT */
 	char id[64];
 	unsigned pid;
 	int exit_code; /* -1 when killed by a signal */
@@ -421,6 +452,9 @@ struct sbx_exit {
 	int timed_out;
 	int stdout_truncated, stderr_truncated;
 };
+/* clang-format off */
+#define SBX_EXIT_INIT {.struct_size = sizeof(struct sbx_exit)}
+/* clang-format on */
 /* The shell-style status: exit_code, or 128+signal. */
 SBX_API int sbx_exit_status(const struct sbx_exit *ex);
 
@@ -466,14 +500,23 @@ SBX_API void sbx_proc_free(struct sbx_proc *p);
 
 /* Background processes: they outlive the connection. */
 struct sbx_process_info {
+	size_t struct_size; /* set by SBX_PROCESS_INFO_INIT */
 	char id[64];
 	unsigned pid;
 	int running;
 	struct sbx_timespec started_at;
 	int detached, pty;
-	char argv[512];       /* the command line, space-joined, for display */
-	struct sbx_exit exit; /* when !running */
+	char argv[512]; /* the command line, space-joined, for display */
+	/* when !running, as in struct sbx_exit (not embedded, so that either can grow) */
+	int exit_code; /* -1 when killed by a signal */
+	int signal;    /* terminating signal, 0 if none */
+	int core_dumped;
+	int timed_out;
+	uint64_t duration_ns;
 };
+/* clang-format off */
+#define SBX_PROCESS_INFO_INIT {.struct_size = sizeof(struct sbx_process_info)}
+/* clang-format on */
 SBX_API int sbx_spawn(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_exec_opts *eo,
 		      struct sbx_process_info *info, struct sbx_error *err);
 typedef int (*sbx_process_fn)(void *ud, const struct sbx_process_info *p);
@@ -511,7 +554,7 @@ enum sbx_compression { SBX_COMPRESS_NONE = 0, SBX_COMPRESS_GZIP = 1, SBX_COMPRES
 typedef void (*sbx_progress_fn)(void *ud, uint64_t bytes, uint64_t entries);
 
 struct sbx_backup_opts {
-	unsigned struct_size;        /* set by SBX_BACKUP_OPTS_INIT */
+	size_t struct_size;          /* set by SBX_BACKUP_OPTS_INIT */
 	const char *const *excludes; /* NULL-terminated glob patterns (tar's meaning) */
 	int compression;             /* enum sbx_compression */
 	int level;                   /* 0: the default level */
@@ -522,12 +565,17 @@ struct sbx_backup_opts {
 	void *progress_ud;
 };
 /* clang-format off */
-#define SBX_BACKUP_OPTS_INIT {sizeof(struct sbx_backup_opts), 0, 0, 0, 0, 0, 0, 0, 0}
+#define SBX_BACKUP_OPTS_INIT {.struct_size = sizeof(struct sbx_backup_opts)}
 /* clang-format on */
 
+/* The strings and lists are malloc'd by the library: free them with
+ * sbx_backup_record_free() after every call that filled the record, also a failed one
+ * (it leaves nothing allocated, so freeing is always safe on a record that started
+ * from SBX_BACKUP_RECORD_INIT). */
 struct sbx_backup_record {
+	size_t struct_size; /* set by SBX_BACKUP_RECORD_INIT */
 	char id[40];
-	char dir[4096];
+	char *dir;
 	uint64_t bytes;
 	char sha256[65];
 	uint64_t entries;
@@ -538,8 +586,13 @@ struct sbx_backup_record {
 	size_t n_skipped;
 	char **changed; /* files that changed while being read */
 	size_t n_changed;
-	char to_path[4096];
+	char *to_path; /* NULL unless the archive went to a file in the sandbox */
 };
+/* clang-format off */
+#define SBX_BACKUP_RECORD_INIT {.struct_size = sizeof(struct sbx_backup_record)}
+/* clang-format on */
+/* Free dir, to_path and the lists, setting them NULL (and the counts 0); the other
+ * fields stay. Safe on a record from SBX_BACKUP_RECORD_INIT and twice. */
 SBX_API void sbx_backup_record_free(struct sbx_backup_record *rec);
 /* The record as one JSON object (malloc'd; free(); NULL when out of memory): id, dir,
  * bytes, sha256, entries, source_bytes, compression ("none", "gzip", "zstd"), skipped,
@@ -559,7 +612,7 @@ SBX_API int sbx_backup_to_file(struct sbx_client *c, const struct sbx_call_opts 
 			       struct sbx_error *err);
 
 struct sbx_restore_opts {
-	unsigned struct_size;  /* set by SBX_RESTORE_OPTS_INIT */
+	size_t struct_size;    /* set by SBX_RESTORE_OPTS_INIT */
 	int merge;             /* extract into the directory as it is, instead of replacing it */
 	const char *sha256;    /* expected sha256 of the archive (hex), checked before the swap */
 	const char *from_path; /* read the archive from this file in the sandbox (source unused) */
@@ -573,14 +626,18 @@ struct sbx_restore_opts {
 	int allow_empty;
 };
 /* clang-format off */
-#define SBX_RESTORE_OPTS_INIT {sizeof(struct sbx_restore_opts), 0, 0, 0, 0, 0, 0, 0}
+#define SBX_RESTORE_OPTS_INIT {.struct_size = sizeof(struct sbx_restore_opts)}
 /* clang-format on */
 
 struct sbx_restore_result {
+	size_t struct_size; /* set by SBX_RESTORE_RESULT_INIT */
 	uint64_t bytes;
 	uint64_t entries;
 	char sha256[65];
 };
+/* clang-format off */
+#define SBX_RESTORE_RESULT_INIT {.struct_size = sizeof(struct sbx_restore_result)}
+/* clang-format on */
 /* Restore dir from the archive source produces. Only one whole archive is taken:
  * a stream cut short anywhere, without its end-of-archive blocks, or with data
  * after them fails with EBADMSG. Replace mode is atomic: on any failure (a bad
@@ -627,14 +684,14 @@ struct sbx_tunnel_event {
 typedef void (*sbx_tunnel_log_fn)(void *ud, const struct sbx_tunnel *t, const struct sbx_tunnel_event *ev);
 
 struct sbx_tunnel_opts {
-	unsigned struct_size;  /* set by SBX_TUNNEL_OPTS_INIT */
+	size_t struct_size;    /* set by SBX_TUNNEL_OPTS_INIT */
 	sbx_tunnel_log_fn log; /* NULL: no per-connection log */
 	void *log_ud;
 	int connect_timeout_ms; /* per connection, either end; 0: 10000 */
 	int backlog;            /* listen() backlog; 0: 128 */
 };
 /* clang-format off */
-#define SBX_TUNNEL_OPTS_INIT {sizeof(struct sbx_tunnel_opts), 0, 0, 0, 0}
+#define SBX_TUNNEL_OPTS_INIT {.struct_size = sizeof(struct sbx_tunnel_opts)}
 /* clang-format on */
 
 /* Forward: listen on bind_host:bind_port on this host (NULL: 127.0.0.1; port 0: the
@@ -704,7 +761,7 @@ enum sbx_mount_state {
 SBX_API const char *sbx_mount_state_name(int state);
 
 struct sbx_mount_opts {
-	unsigned struct_size;          /* set by SBX_MOUNT_OPTS_INIT */
+	size_t struct_size;            /* set by SBX_MOUNT_OPTS_INIT */
 	const char *endpoint;          /* required: http:// or https:// URL (never defaulted) */
 	const char *access_key_id;     /* required */
 	const char *secret_access_key; /* required */
@@ -720,7 +777,7 @@ struct sbx_mount_opts {
 	const char *const *options;
 };
 /* clang-format off */
-#define SBX_MOUNT_OPTS_INIT {sizeof(struct sbx_mount_opts), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define SBX_MOUNT_OPTS_INIT {.struct_size = sizeof(struct sbx_mount_opts)}
 /* clang-format on */
 
 struct sbx_mount_record {
@@ -755,12 +812,12 @@ SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *op
 SBX_API void sbx_mounts_free(struct sbx_mount_record *list);
 
 struct sbx_unmount_opts {
-	unsigned struct_size; /* set by SBX_UNMOUNT_OPTS_INIT */
+	size_t struct_size;   /* set by SBX_UNMOUNT_OPTS_INIT */
 	int flush_timeout_ms; /* wait for pending uploads; 0: 60000, -1: do not wait */
 	int force;            /* unmount even when uploads are still pending (they are lost) */
 };
 /* clang-format off */
-#define SBX_UNMOUNT_OPTS_INIT {sizeof(struct sbx_unmount_opts), 0, 0}
+#define SBX_UNMOUNT_OPTS_INIT {.struct_size = sizeof(struct sbx_unmount_opts)}
 /* clang-format on */
 
 /* Unmount by id or by path (an argument starting with '/' is a path): pending

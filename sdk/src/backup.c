@@ -34,14 +34,6 @@ static void copy_str(char *dst, size_t size, const char *src)
 	dst[n] = '\0';
 }
 
-static void copy_bin(char *dst, size_t size, ProtobufCBinaryData b)
-{
-	size_t n = b.len < size - 1 ? b.len : size - 1;
-	if (n > 0)
-		memcpy(dst, b.data, n);
-	dst[n] = '\0';
-}
-
 /* n byte strings as a malloc'd array of malloc'd C strings; -1 on ENOMEM. */
 static int copy_list(char ***out, size_t *nout, const ProtobufCBinaryData *v, size_t n)
 {
@@ -65,18 +57,57 @@ static int copy_list(char ***out, size_t *nout, const ProtobufCBinaryData *v, si
 	return 0;
 }
 
+/* What a full-size record owns. */
+static void record_release(struct sbx_backup_record *r)
+{
+	free(r->dir);
+	free(r->to_path);
+	for (size_t i = 0; r->skipped != NULL && i < r->n_skipped; i++)
+		free(r->skipped[i]);
+	free(r->skipped);
+	for (size_t i = 0; r->changed != NULL && i < r->n_changed; i++)
+		free(r->changed[i]);
+	free(r->changed);
+}
+
+/* The caller's record zeroed, up to its struct_size (which stays). */
+static void record_clear(struct sbx_backup_record *rec)
+{
+	struct sbx_backup_record zero = SBX_BACKUP_RECORD_INIT;
+	sbx__struct_out_put(rec, &zero, sizeof(zero));
+}
+
+/* Hand a full record to the caller; what its (older, smaller) struct has no room for
+ * is freed here. */
+static void record_put(struct sbx_backup_record *rec, struct sbx_backup_record *full)
+{
+	sbx__struct_out_put(rec, full, sizeof(*full));
+	struct sbx_backup_record left = SBX_BACKUP_RECORD_INIT;
+#define LEFT(f)                                                                         \
+	if (rec->struct_size < offsetof(struct sbx_backup_record, f) + sizeof(full->f)) \
+	left.f = full->f
+	LEFT(dir);
+	LEFT(to_path);
+	LEFT(skipped);
+	LEFT(n_skipped);
+	LEFT(changed);
+	LEFT(n_changed);
+#undef LEFT
+	record_release(&left);
+}
+
 SBX_API void sbx_backup_record_free(struct sbx_backup_record *rec)
 {
-	if (rec == NULL)
+	if (rec == NULL || rec->struct_size < sizeof(size_t))
 		return;
-	for (size_t i = 0; i < rec->n_skipped; i++)
-		free(rec->skipped[i]);
-	free(rec->skipped);
-	for (size_t i = 0; i < rec->n_changed; i++)
-		free(rec->changed[i]);
-	free(rec->changed);
-	rec->skipped = rec->changed = NULL;
-	rec->n_skipped = rec->n_changed = 0;
+	struct sbx_backup_record r;
+	sbx__struct_out_get(&r, sizeof(r), rec);
+	record_release(&r);
+	/* what it owned, forgotten; the other fields stay as they were */
+	r.dir = r.to_path = NULL;
+	r.skipped = r.changed = NULL;
+	r.n_skipped = r.n_changed = 0;
+	sbx__struct_out_put(rec, &r, sizeof(r));
 }
 
 /* Hand an EVENT's progress to the callback; other events are ignored (PROTOCOL.md §13). */
@@ -137,7 +168,7 @@ static int record_from(struct sbx_backup_record *rec, const Shim__V1__BackupReco
 		       struct sbx_error *err)
 {
 	copy_str(rec->id, sizeof(rec->id), b->id);
-	copy_bin(rec->dir, sizeof(rec->dir), b->dir);
+	rec->dir = strndup(b->dir.len > 0 ? (const char *)b->dir.data : "", b->dir.len);
 	rec->bytes = b->bytes;
 	copy_str(rec->sha256, sizeof(rec->sha256), b->sha256);
 	rec->entries = b->entries;
@@ -145,10 +176,12 @@ static int record_from(struct sbx_backup_record *rec, const Shim__V1__BackupReco
 	rec->compression = (int)b->compression;
 	copy_str(rec->created_at, sizeof(rec->created_at), b->created_at);
 	if (b->has_to_path)
-		copy_bin(rec->to_path, sizeof(rec->to_path), b->to_path);
-	if (copy_list(&rec->skipped, &rec->n_skipped, b->skipped, b->n_skipped) < 0 ||
+		rec->to_path = strndup(b->to_path.len > 0 ? (const char *)b->to_path.data : "", b->to_path.len);
+	if (rec->dir == NULL || (b->has_to_path && rec->to_path == NULL) ||
+	    copy_list(&rec->skipped, &rec->n_skipped, b->skipped, b->n_skipped) < 0 ||
 	    copy_list(&rec->changed, &rec->n_changed, b->changed, b->n_changed) < 0) {
-		sbx_backup_record_free(rec);
+		record_release(rec);
+		*rec = (struct sbx_backup_record)SBX_BACKUP_RECORD_INIT;
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, dir, "out of memory");
 	}
 	return 0;
@@ -160,13 +193,8 @@ static int backup_opts_copy(const struct sbx_backup_opts *bo, struct sbx_backup_
 {
 	struct sbx_backup_opts init = SBX_BACKUP_OPTS_INIT;
 	*o = init;
-	if (bo != NULL) {
-		if (bo->struct_size == 0)
-			return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir,
-					 "backup options without struct_size (start from SBX_BACKUP_OPTS_INIT)");
-		memcpy(o, bo, bo->struct_size < sizeof(*o) ? bo->struct_size : sizeof(*o));
-		o->struct_size = sizeof(*o);
-	}
+	if (bo != NULL && sbx__struct_in(o, sizeof(*o), bo, "sbx_backup_opts", err) < 0)
+		return -1;
 	if (o->compression < SBX_COMPRESS_NONE || o->compression > SBX_COMPRESS_ZSTD)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir, "unknown compression %d", o->compression);
 	return 0;
@@ -176,9 +204,14 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 		       const struct sbx_backup_opts *bo, sbx_sink_fn sink, void *ud, struct sbx_backup_record *rec,
 		       struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	struct sbx_backup_opts o;
+	if (sbx__struct_out_check(rec, "sbx_backup_record", err) < 0)
+		return -1;
 	if (rec != NULL)
-		memset(rec, 0, sizeof(*rec));
+		record_clear(rec);
 	if (c == NULL || dir == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir, "no client or no directory given");
 	if (backup_opts_copy(bo, &o, dir, err) < 0)
@@ -262,8 +295,12 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 					       "backup ended with %llu bytes delivered of %llu announced%s",
 					       (unsigned long long)d.got, (unsigned long long)b->bytes,
 					       d.fin ? "" : " (no FIN)");
-			else if (rec != NULL)
-				rc = record_from(rec, b, dir, err);
+			else if (rec != NULL) {
+				struct sbx_backup_record full = SBX_BACKUP_RECORD_INIT;
+				rc = record_from(&full, b, dir, err);
+				if (rc == 0)
+					record_put(rec, &full);
+			}
 			shim__v1__result__free_unpacked(r, NULL);
 		}
 	}
@@ -344,8 +381,13 @@ SBX_API int sbx_backup_to_file(struct sbx_client *c, const struct sbx_call_opts 
 			       const struct sbx_backup_opts *bo, const char *local_path, struct sbx_backup_record *rec,
 			       struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	if (sbx__struct_out_check(rec, "sbx_backup_record", err) < 0)
+		return -1;
 	if (rec != NULL)
-		memset(rec, 0, sizeof(*rec));
+		record_clear(rec);
 	if (local_path == NULL || *local_path == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir, "no local file given");
 	if (bo != NULL && bo->struct_size > offsetof(struct sbx_backup_opts, to_path) && bo->to_path != NULL)
@@ -475,16 +517,19 @@ static void sb_json_list(struct sbuf *b, char *const *v, size_t n)
 	sb_put(b, "]", 1);
 }
 
-SBX_API char *sbx_backup_record_json(const struct sbx_backup_record *rec)
+SBX_API char *sbx_backup_record_json(const struct sbx_backup_record *caller)
 {
 	static const char *const comp[] = {"none", "gzip", "zstd"};
-	if (rec == NULL)
+	if (caller == NULL || caller->struct_size < sizeof(size_t))
 		return NULL;
+	struct sbx_backup_record full;
+	const struct sbx_backup_record *rec = &full;
+	sbx__struct_out_get(&full, sizeof(full), caller);
 	struct sbuf b = {0};
 	/* the fixed-size fields may not be terminated if the caller filled them */
 	char id[sizeof(rec->id)], sha[sizeof(rec->sha256)], created[sizeof(rec->created_at)];
-	char *dir = strndup(rec->dir, sizeof(rec->dir));
-	char *to = strndup(rec->to_path, sizeof(rec->to_path));
+	char *dir = strdup(rec->dir != NULL ? rec->dir : "");
+	char *to = strdup(rec->to_path != NULL ? rec->to_path : "");
 	copy_str(id, sizeof(id), rec->id);
 	copy_str(sha, sizeof(sha), rec->sha256);
 	copy_str(created, sizeof(created), rec->created_at);
@@ -533,11 +578,8 @@ static int restore_opts_copy(const struct sbx_restore_opts *ro, struct sbx_resto
 	struct sbx_restore_opts init = SBX_RESTORE_OPTS_INIT;
 	*o = init;
 	if (ro != NULL) {
-		if (ro->struct_size == 0)
-			return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir,
-					 "restore options without struct_size (start from SBX_RESTORE_OPTS_INIT)");
-		memcpy(o, ro, ro->struct_size < sizeof(*o) ? ro->struct_size : sizeof(*o));
-		o->struct_size = sizeof(*o);
+		if (sbx__struct_in(o, sizeof(*o), ro, "sbx_restore_opts", err) < 0)
+			return -1;
 	}
 	if (o->sha256 != NULL) {
 		/* 64 hex digits, sent in lowercase as the shim computes it */
@@ -565,10 +607,16 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
 			struct sbx_restore_result *res, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	struct sbx_restore_opts o;
 	char sha[65];
+	if (sbx__struct_out_check(res, "sbx_restore_result", err) < 0)
+		return -1;
+	struct sbx_restore_result zero = SBX_RESTORE_RESULT_INIT;
 	if (res != NULL)
-		memset(res, 0, sizeof(*res));
+		sbx__struct_out_put(res, &zero, sizeof(zero));
 	if (c == NULL || dir == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir, "no client or no directory given");
 	if (restore_opts_copy(ro, &o, sha, dir, err) < 0)
@@ -656,9 +704,11 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 			rc = -1;
 		} else {
 			if (res != NULL) {
-				res->bytes = r->restore->bytes;
-				res->entries = r->restore->entries;
-				copy_str(res->sha256, sizeof(res->sha256), r->restore->sha256);
+				struct sbx_restore_result full = SBX_RESTORE_RESULT_INIT;
+				full.bytes = r->restore->bytes;
+				full.entries = r->restore->entries;
+				copy_str(full.sha256, sizeof(full.sha256), r->restore->sha256);
+				sbx__struct_out_put(res, &full, sizeof(full));
 			}
 			shim__v1__result__free_unpacked(r, NULL);
 		}
@@ -685,8 +735,14 @@ SBX_API int sbx_restore_from_file(struct sbx_client *c, const struct sbx_call_op
 				  const struct sbx_restore_opts *ro, const char *local_path,
 				  struct sbx_restore_result *res, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	if (sbx__struct_out_check(res, "sbx_restore_result", err) < 0)
+		return -1;
+	struct sbx_restore_result zero = SBX_RESTORE_RESULT_INIT;
 	if (res != NULL)
-		memset(res, 0, sizeof(*res));
+		sbx__struct_out_put(res, &zero, sizeof(zero));
 	if (local_path == NULL || *local_path == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, dir, "no local file given");
 	if (ro != NULL && ro->struct_size > offsetof(struct sbx_restore_opts, from_path) && ro->from_path != NULL)

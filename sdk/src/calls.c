@@ -17,6 +17,9 @@ static int send_ping(struct call *k, uint64_t deadline, struct sbx_error *err)
 
 SBX_API int sbx_ping(struct sbx_client *c, const struct sbx_call_opts *opts, uint64_t *rtt_ns, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	uint64_t deadline = sbx__deadline(c, opts);
 	struct call *k = sbx__call_new(c, false);
 	if (k == NULL)
@@ -204,9 +207,15 @@ Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_o
 	return r;
 }
 
-SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_info *out,
+SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_info *dst,
 		     struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	if (sbx__struct_out_check(dst, "sbx_info", err) < 0)
+		return -1;
+	struct sbx_info full, *out = &full; /* filled, then copied up to dst's struct_size */
 	Shim__V1__InfoRequest ir = SHIM__V1__INFO_REQUEST__INIT;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_INFO;
@@ -245,12 +254,17 @@ SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, str
 	out->max_streams = i->max_streams;
 	out->workers = i->workers;
 	shim__v1__result__free_unpacked(r, NULL);
+	if (dst != NULL)
+		sbx__struct_out_put(dst, out, sizeof(*out));
 	return 0;
 }
 
 SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, const void *data, size_t len, void *out,
 		     struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	uint64_t deadline = sbx__deadline(c, opts);
 	struct sbx_cancel *tok = opts ? opts->cancel : NULL;
 	Shim__V1__EchoRequest er = SHIM__V1__ECHO_REQUEST__INIT;

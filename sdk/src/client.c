@@ -1329,11 +1329,8 @@ SBX_API int sbx_connect(const char *target, const struct sbx_connect_opts *opts,
 			struct sbx_error *err)
 {
 	struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
-	if (opts != NULL) {
-		/* copy only what the caller's (possibly older, smaller) struct holds */
-		size_t n = opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o);
-		memcpy(&o, opts, n);
-	}
+	if (opts != NULL && sbx__struct_in(&o, sizeof(o), opts, "sbx_connect_opts", err) < 0)
+		return -1;
 	if (target == NULL)
 		target = getenv("SBX_TARGET");
 	if (target == NULL || target[0] == '\0')

@@ -30,9 +30,10 @@ static ProtobufCBinaryData pathb(const char *path)
 	return b;
 }
 
-void sbx__stat_from(struct sbx_stat *out, const Shim__V1__FileStat *f)
+void sbx__stat_from(struct sbx_stat *caller, const Shim__V1__FileStat *f)
 {
-	memset(out, 0, offsetof(struct sbx_stat, link_target));
+	struct sbx_stat st, *out = &st;
+	sbx__struct_out_get(out, sizeof(*out), caller);
 	out->type = f->type;
 	out->size = f->size;
 	out->mode = f->mode;
@@ -49,19 +50,25 @@ void sbx__stat_from(struct sbx_stat *out, const Shim__V1__FileStat *f)
 		out->mtime = (struct sbx_timespec){f->mtime->sec, f->mtime->nsec};
 	if (f->ctime != NULL)
 		out->ctime = (struct sbx_timespec){f->ctime->sec, f->ctime->nsec};
-	size_t n = 0;
-	if (f->has_link_target) {
-		n = f->link_target.len < sizeof(out->link_target) - 1 ? f->link_target.len :
-									sizeof(out->link_target) - 1;
-		memcpy(out->link_target, f->link_target.data, n);
+	out->link_target_len = f->has_link_target ? f->link_target.len : 0;
+	if (out->link_target != NULL && out->link_target_size > 0) {
+		size_t n = out->link_target_len < out->link_target_size - 1 ? out->link_target_len :
+									      out->link_target_size - 1;
+		if (n > 0)
+			memcpy(out->link_target, f->link_target.data, n);
+		out->link_target[n] = '\0';
 	}
-	out->link_target[n] = '\0';
-	out->link_target_len = n;
+	sbx__struct_out_put(caller, out, sizeof(*out));
 }
 
 SBX_API int sbx_stat(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
 		     struct sbx_stat *out, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	if (sbx__struct_out_check(out, "sbx_stat", err) < 0)
+		return -1;
 	Shim__V1__StatRequest sr = SHIM__V1__STAT_REQUEST__INIT;
 	sr.path = pathb(path);
 	if (flags & SBX_STAT_FOLLOW) {
@@ -74,14 +81,18 @@ SBX_API int sbx_stat(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	Shim__V1__Result *r = sbx__call_simple(c, opts, &req, SHIM__V1__RESULT__KIND_STAT, err);
 	if (r == NULL)
 		return -1;
-	sbx__stat_from(out, r->stat);
+	if (out != NULL)
+		sbx__stat_from(out, r->stat);
 	shim__v1__result__free_unpacked(r, NULL);
 	return 0;
 }
 
 SBX_API int sbx_exists(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, struct sbx_error *err)
 {
-	struct sbx_stat st;
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	struct sbx_stat st = SBX_STAT_INIT;
 	struct sbx_error e;
 	if (sbx_stat(c, opts, path, 0, &st, &e) == 0)
 		return 1;
@@ -107,6 +118,9 @@ static int call_done(struct sbx_client *c, const struct sbx_call_opts *opts, con
 SBX_API int sbx_mkdir(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags, int mode,
 		      struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__MkdirRequest m = SHIM__V1__MKDIR_REQUEST__INIT;
 	m.path = pathb(path);
 	if (flags & SBX_MKDIR_PARENTS) {
@@ -127,6 +141,9 @@ SBX_API int sbx_mkdir(struct sbx_client *c, const struct sbx_call_opts *opts, co
 SBX_API int sbx_remove(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
 		       struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__RemoveRequest m = SHIM__V1__REMOVE_REQUEST__INIT;
 	m.path = pathb(path);
 	if (flags & SBX_REMOVE_RECURSIVE) {
@@ -142,6 +159,9 @@ SBX_API int sbx_remove(struct sbx_client *c, const struct sbx_call_opts *opts, c
 SBX_API int sbx_rename(struct sbx_client *c, const struct sbx_call_opts *opts, const char *src, const char *dst,
 		       int flags, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__RenameRequest m = SHIM__V1__RENAME_REQUEST__INIT;
 	m.src = pathb(src);
 	m.dst = pathb(dst);
@@ -158,6 +178,9 @@ SBX_API int sbx_rename(struct sbx_client *c, const struct sbx_call_opts *opts, c
 SBX_API int sbx_copy(struct sbx_client *c, const struct sbx_call_opts *opts, const char *src, const char *dst,
 		     int flags, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__CopyRequest m = SHIM__V1__COPY_REQUEST__INIT;
 	m.src = pathb(src);
 	m.dst = pathb(dst);
@@ -178,6 +201,9 @@ SBX_API int sbx_copy(struct sbx_client *c, const struct sbx_call_opts *opts, con
 SBX_API int sbx_chmod(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, unsigned mode,
 		      struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__ChmodRequest m = SHIM__V1__CHMOD_REQUEST__INIT;
 	m.path = pathb(path);
 	m.has_mode = 1;
@@ -191,6 +217,9 @@ SBX_API int sbx_chmod(struct sbx_client *c, const struct sbx_call_opts *opts, co
 SBX_API int sbx_chown(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int64_t uid,
 		      int64_t gid, int flags, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	/* (uid_t)-1 is "unchanged" to the kernel: never send it as an id */
 	if (uid < -1 || uid >= (int64_t)UINT32_MAX)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "uid %lld out of range", (long long)uid);
@@ -219,6 +248,9 @@ SBX_API int sbx_chown(struct sbx_client *c, const struct sbx_call_opts *opts, co
 SBX_API int sbx_symlink(struct sbx_client *c, const struct sbx_call_opts *opts, const char *target, const char *link,
 			struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__SymlinkRequest m = SHIM__V1__SYMLINK_REQUEST__INIT;
 	m.target = pathb(target);
 	m.link = pathb(link);
@@ -231,6 +263,9 @@ SBX_API int sbx_symlink(struct sbx_client *c, const struct sbx_call_opts *opts, 
 SBX_API int sbx_link(struct sbx_client *c, const struct sbx_call_opts *opts, const char *target, const char *link,
 		     struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__LinkRequest m = SHIM__V1__LINK_REQUEST__INIT;
 	m.target = pathb(target);
 	m.link = pathb(link);
@@ -264,6 +299,9 @@ static long path_result(struct sbx_client *c, const struct sbx_call_opts *opts, 
 SBX_API long sbx_readlink(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, char *buf,
 			  size_t size, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__ReadlinkRequest m = SHIM__V1__READLINK_REQUEST__INIT;
 	m.path = pathb(path);
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
@@ -275,6 +313,9 @@ SBX_API long sbx_readlink(struct sbx_client *c, const struct sbx_call_opts *opts
 SBX_API long sbx_realpath(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, char *buf,
 			  size_t size, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__RealpathRequest m = SHIM__V1__REALPATH_REQUEST__INIT;
 	m.path = pathb(path);
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
@@ -286,12 +327,18 @@ SBX_API long sbx_realpath(struct sbx_client *c, const struct sbx_call_opts *opts
 SBX_API int sbx_truncate(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
 			 struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	return sbx_truncate_ex(c, opts, path, size, 0, err);
 }
 
 SBX_API int sbx_truncate_ex(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t size,
 			    int flags, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if ((flags & ~SBX_TRUNCATE_ALLOW_SPECIAL) != 0)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "unknown truncate flags %#x", (unsigned)flags);
 	Shim__V1__TruncateRequest m = SHIM__V1__TRUNCATE_REQUEST__INIT;
@@ -310,6 +357,9 @@ SBX_API int sbx_set_times(struct sbx_client *c, const struct sbx_call_opts *opts
 			  const struct sbx_timespec *atime, const struct sbx_timespec *mtime, int flags,
 			  struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__SetTimesRequest m = SHIM__V1__SET_TIMES_REQUEST__INIT;
 	Shim__V1__Timestamp a = SHIM__V1__TIMESTAMP__INIT, b = SHIM__V1__TIMESTAMP__INIT;
 	m.path = pathb(path);
@@ -333,9 +383,15 @@ SBX_API int sbx_set_times(struct sbx_client *c, const struct sbx_call_opts *opts
 	return call_done(c, opts, &req, err);
 }
 
-SBX_API int sbx_statfs(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, struct sbx_statfs *out,
+SBX_API int sbx_statfs(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, struct sbx_statfs *dst,
 		       struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	if (sbx__struct_out_check(dst, "sbx_statfs", err) < 0)
+		return -1;
+	struct sbx_statfs full = {.struct_size = sizeof(full)}, *out = &full;
 	Shim__V1__StatfsRequest m = SHIM__V1__STATFS_REQUEST__INIT;
 	m.path = pathb(path);
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
@@ -355,5 +411,7 @@ SBX_API int sbx_statfs(struct sbx_client *c, const struct sbx_call_opts *opts, c
 	out->flags = s->flags;
 	out->name_max = s->name_max;
 	shim__v1__result__free_unpacked(r, NULL);
+	if (dst != NULL)
+		sbx__struct_out_put(dst, out, sizeof(*out));
 	return 0;
 }

@@ -19,6 +19,9 @@ static ProtobufCBinaryData pathb(const char *path)
 SBX_API int sbx_read_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, uint64_t offset,
 			  uint64_t length, sbx_sink_fn sink, void *ud, uint64_t *bytes, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	return sbx_read_file_ex(c, opts, path, offset, length, 0, sink, ud, bytes, err);
 }
 
@@ -26,6 +29,9 @@ SBX_API int sbx_read_file_ex(struct sbx_client *c, const struct sbx_call_opts *o
 			     uint64_t length, int flags, sbx_sink_fn sink, void *ud, uint64_t *bytes,
 			     struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (sink == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "no sink given");
 	if ((flags & ~SBX_READ_ALLOW_SPECIAL) != 0)
@@ -119,6 +125,9 @@ static int alloc_sink_fn(void *ud, const void *buf, size_t len)
 SBX_API int sbx_read_file_alloc(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, size_t max,
 				void **data, size_t *len, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (data == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "no place for the data");
 	struct alloc_sink s = {.max = max};
@@ -153,6 +162,8 @@ static int write_stream(struct sbx_client *c, const struct sbx_call_opts *opts, 
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "unknown write flags %#x", (unsigned)flags);
 	if (mode != SBX_MODE_KEEP && (mode < 0 || mode > 07777))
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "bad mode %#o", (unsigned)mode);
+	if (sbx__struct_out_check(out, "sbx_stat", err) < 0)
+		return -1;
 	uint64_t deadline = sbx__deadline(c, opts);
 	struct sbx_cancel *tok = opts ? opts->cancel : NULL;
 	Shim__V1__WriteRequest wr = SHIM__V1__WRITE_REQUEST__INIT;
@@ -252,6 +263,9 @@ static int write_stream(struct sbx_client *c, const struct sbx_call_opts *opts, 
 SBX_API int sbx_write_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
 			   int mode, sbx_source_fn source, void *ud, struct sbx_stat *out, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (source == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "no source given");
 	return write_stream(c, opts, path, flags, mode, source, ud, NULL, 0, out, err);
@@ -260,6 +274,9 @@ SBX_API int sbx_write_file(struct sbx_client *c, const struct sbx_call_opts *opt
 SBX_API int sbx_write_file_buf(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
 			       int mode, const void *data, size_t len, struct sbx_stat *out, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (data == NULL && len > 0)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "no data given");
 	return write_stream(c, opts, path, flags, mode, NULL, NULL, data, len, out, err);

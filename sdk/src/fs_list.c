@@ -167,6 +167,7 @@ struct list_ctx {
 	char *name;
 	size_t name_cap;
 	struct sbx_stat st;
+	char link_target[4097]; /* st's (a symlink's target is below PATH_MAX) */
 };
 
 static int list_msg(void *ctx, const uint8_t *msg, size_t len, struct sbx_error *err)
@@ -180,6 +181,9 @@ static int list_msg(void *ctx, const uint8_t *msg, size_t len, struct sbx_error 
 		shim__v1__dir_entry__free_unpacked(e, NULL);
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
 	}
+	x->st = (struct sbx_stat){.struct_size = sizeof(x->st),
+				  .link_target = x->link_target,
+				  .link_target_size = sizeof(x->link_target)};
 	sbx__stat_from(&x->st, e->stat);
 	struct sbx_dirent de = {.name = name, .name_len = e->name.len, .stat = &x->st};
 	shim__v1__dir_entry__free_unpacked(e, NULL);
@@ -195,6 +199,9 @@ static int list_msg(void *ctx, const uint8_t *msg, size_t len, struct sbx_error 
 SBX_API int sbx_list(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, unsigned depth,
 		     int flags, sbx_dirent_fn cb, void *ud, uint64_t *count, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (cb == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "sbx_list needs a callback");
 	uint64_t deadline = sbx__deadline(c, opts);
@@ -296,6 +303,9 @@ static int watch_msg(void *ctx, const uint8_t *msg, size_t len, struct sbx_error
 SBX_API int sbx_watch(struct sbx_client *c, const struct sbx_call_opts *opts, const char *path, int flags,
 		      sbx_watch_fn cb, void *ud, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (cb == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, path, "sbx_watch needs a callback");
 	uint64_t deadline = sbx__deadline(c, opts);

@@ -108,6 +108,22 @@ int sbx__fail(struct sbx_error *err, int kind, int code, const char *path, const
 	__attribute__((format(printf, 5, 6)));
 void sbx__copy_error(struct sbx_error *dst, const struct sbx_error *src);
 
+/* abi.c: the struct_size rule (sbx.h's conventions). what names the struct ("sbx_stat").
+ * An input: copy the caller's struct_size bytes of in over a zeroed full; EINVAL for a
+ * struct_size below the field's own, E2BIG for a larger struct with a non-zero tail.
+ * full->struct_size is full_size afterwards. */
+int sbx__struct_in(void *full, size_t full_size, const void *in, const char *what, struct sbx_error *err);
+/* An output (NULL: none): EINVAL for a bad struct_size, checked before the call acts. */
+int sbx__struct_out_check(const void *out, const char *what, struct sbx_error *err);
+/* Fill an output in a full-size copy: _get starts it from the caller's fields (its
+ * buffers), _put copies it back up to the caller's struct_size (a larger caller's
+ * unknown tail zeroed; its struct_size kept). Only after sbx__struct_out_check. */
+void sbx__struct_out_get(void *full, size_t full_size, const void *out);
+void sbx__struct_out_put(void *out, const void *full, size_t full_size);
+/* A public call's opts (NULL stays NULL) read through the rule: *opts points at *full
+ * afterwards. Every public function taking a struct sbx_call_opts calls it first. */
+int sbx__call_opts(const struct sbx_call_opts **opts, struct sbx_call_opts *full, struct sbx_error *err);
+
 /* transport.c: connect to target, returning a blocking-mode fd (and the child for
  * exec:). -1 with err; *retry set when waiting may help (nothing listening yet). */
 int sbx__transport_open(const char *target, int timeout_ms, int *fd, pid_t *child, bool *retry, struct sbx_error *err);

@@ -55,12 +55,7 @@ static int take_opts(struct sbx_mount_opts *o, const struct sbx_mount_opts *mo, 
 	memset(o, 0, sizeof(*o));
 	if (mo == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "mount options are required (endpoint and keys)");
-	if (mo->struct_size == 0)
-		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL,
-				 "mount options without struct_size (start from SBX_MOUNT_OPTS_INIT)");
-	memcpy(o, mo, mo->struct_size < sizeof(*o) ? mo->struct_size : sizeof(*o));
-	o->struct_size = sizeof(*o);
-	return 0;
+	return sbx__struct_in(o, sizeof(*o), mo, "sbx_mount_opts", err);
 }
 
 #define MAX_OPTIONS 32
@@ -68,6 +63,9 @@ static int take_opts(struct sbx_mount_opts *o, const struct sbx_mount_opts *mo, 
 SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *bucket, const char *path,
 		      const struct sbx_mount_opts *mo, struct sbx_mount_record *rec, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	struct sbx_mount_opts o;
 	if (take_opts(&o, mo, err) < 0)
 		return -1;
@@ -140,6 +138,9 @@ SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, co
 SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record **out,
 			    size_t *n, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (out == NULL || n == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "out and n are required");
 	*out = NULL;
@@ -174,15 +175,14 @@ SBX_API void sbx_mounts_free(struct sbx_mount_record *list)
 SBX_API int sbx_unmount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id_or_path,
 			const struct sbx_unmount_opts *uo, struct sbx_mount_record *rec, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (id_or_path == NULL || id_or_path[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "give a mount id or path");
 	struct sbx_unmount_opts o = SBX_UNMOUNT_OPTS_INIT;
-	if (uo != NULL) {
-		if (uo->struct_size == 0)
-			return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL,
-					 "unmount options without struct_size (start from SBX_UNMOUNT_OPTS_INIT)");
-		memcpy(&o, uo, uo->struct_size < sizeof(o) ? uo->struct_size : sizeof(o));
-	}
+	if (uo != NULL && sbx__struct_in(&o, sizeof(o), uo, "sbx_unmount_opts", err) < 0)
+		return -1;
 	Shim__V1__UnmountRequest u = SHIM__V1__UNMOUNT_REQUEST__INIT;
 	if (id_or_path[0] == '/') {
 		u.has_path = 1;

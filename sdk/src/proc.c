@@ -71,11 +71,10 @@ static int exec_opts_copy(const struct sbx_exec_opts *eo, struct sbx_exec_opts *
 {
 	struct sbx_exec_opts init = SBX_EXEC_OPTS_INIT;
 	*o = init;
-	if (eo == NULL || eo->struct_size == 0)
-		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL,
-				 "no exec options (start from SBX_EXEC_OPTS_INIT, which sets struct_size)");
-	memcpy(o, eo, eo->struct_size < sizeof(*o) ? eo->struct_size : sizeof(*o));
-	o->struct_size = sizeof(*o);
+	if (eo == NULL)
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no exec options (start from SBX_EXEC_OPTS_INIT)");
+	if (sbx__struct_in(o, sizeof(*o), eo, "sbx_exec_opts", err) < 0)
+		return -1;
 	bool has_argv = o->argv != NULL && o->argv[0] != NULL;
 	if (has_argv == (o->shell != NULL))
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "give either argv (non-empty) or a shell string");
@@ -212,9 +211,10 @@ static void copy_id(char *dst, size_t size, const char *id)
 	snprintf(dst, size, "%s", id != NULL ? id : "");
 }
 
+/* Into a full-size struct (the library's own, or one copied out with sbx__struct_out_put). */
 static void exit_from(struct sbx_exit *ex, const Shim__V1__ExitStatus *s)
 {
-	memset(ex, 0, sizeof(*ex));
+	*ex = (struct sbx_exit){.struct_size = sizeof(*ex)};
 	copy_id(ex->id, sizeof(ex->id), s->id);
 	ex->pid = s->pid;
 	ex->exit_code = s->exit_code;
@@ -228,7 +228,7 @@ static void exit_from(struct sbx_exit *ex, const Shim__V1__ExitStatus *s)
 
 static void info_from(struct sbx_process_info *pi, const Shim__V1__ProcessInfo *p)
 {
-	memset(pi, 0, sizeof(*pi));
+	*pi = (struct sbx_process_info){.struct_size = sizeof(*pi)};
 	copy_id(pi->id, sizeof(pi->id), p->id);
 	pi->pid = p->pid;
 	pi->running = p->state == SHIM__V1__PROCESS_STATE__PROCESS_RUNNING;
@@ -261,8 +261,15 @@ static void info_from(struct sbx_process_info *pi, const Shim__V1__ProcessInfo *
 	for (size_t i = 0; i < off; i++)
 		if (pi->argv[i] == '\0')
 			pi->argv[i] = ' ';
-	if (p->exit != NULL)
-		exit_from(&pi->exit, p->exit);
+	if (p->exit != NULL) {
+		struct sbx_exit ex;
+		exit_from(&ex, p->exit);
+		pi->exit_code = ex.exit_code;
+		pi->signal = ex.signal;
+		pi->core_dumped = ex.core_dumped;
+		pi->timed_out = ex.timed_out;
+		pi->duration_ns = ex.duration_ns;
+	}
 }
 
 /* The Result of a finished call, which must be of kind (0: any). NULL with err. */
@@ -383,8 +390,13 @@ SBX_API int sbx_run(struct sbx_client *c, const struct sbx_call_opts *opts, cons
 		    const void *stdin_data, size_t stdin_len, size_t cap, struct sbx_output *out, struct sbx_exit *ex,
 		    struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (out != NULL)
 		memset(out, 0, sizeof(*out));
+	if (sbx__struct_out_check(ex, "sbx_exit", err) < 0)
+		return -1;
 	if (stdin_data == NULL && stdin_len > 0)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "stdin_len without stdin_data");
 	if (cap == 0)
@@ -459,9 +471,11 @@ SBX_API int sbx_run(struct sbx_client *c, const struct sbx_call_opts *opts, cons
 		r = result_of(k, SHIM__V1__RESULT__KIND_EXIT, err);
 	if (r != NULL) {
 		if (ex != NULL) {
-			exit_from(ex, r->exit);
-			ex->stdout_truncated |= bo.truncated;
-			ex->stderr_truncated |= be.truncated;
+			struct sbx_exit full;
+			exit_from(&full, r->exit);
+			full.stdout_truncated |= bo.truncated;
+			full.stderr_truncated |= be.truncated;
+			sbx__struct_out_put(ex, &full, sizeof(full));
 		}
 		shim__v1__result__free_unpacked(r, NULL);
 		if (out != NULL) {
@@ -537,8 +551,10 @@ static struct sbx_proc *proc_new(struct sbx_client *c, struct call *k, const str
 		return NULL;
 	p->client = c;
 	p->k = k;
+	p->opts.struct_size = sizeof(p->opts);
+	p->exit.struct_size = sizeof(p->exit);
 	if (opts != NULL)
-		p->opts = *opts;
+		p->opts = *opts; /* the full-size copy sbx__call_opts() made */
 	return p;
 }
 
@@ -576,6 +592,9 @@ static int proc_first(struct sbx_proc *p, uint64_t deadline, struct sbx_error *e
 SBX_API int sbx_exec_start(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_exec_opts *eo,
 			   int flags, struct sbx_proc **out, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (out == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no place for the process handle");
 	*out = NULL;
@@ -722,6 +741,8 @@ SBX_API long sbx_proc_read(struct sbx_proc *p, int *channel, void *buf, size_t s
 
 SBX_API int sbx_proc_wait(struct sbx_proc *p, struct sbx_exit *ex, struct sbx_error *err)
 {
+	if (sbx__struct_out_check(ex, "sbx_exit", err) < 0)
+		return -1;
 	if (!p->have_exit) {
 		uint64_t deadline = proc_deadline(p);
 		/* output nobody will read: dropped, and its credit given back so that the
@@ -774,7 +795,7 @@ SBX_API int sbx_proc_wait(struct sbx_proc *p, struct sbx_exit *ex, struct sbx_er
 		p->have_exit = true;
 	}
 	if (ex != NULL)
-		*ex = p->exit;
+		sbx__struct_out_put(ex, &p->exit, sizeof(p->exit));
 	return 0;
 }
 
@@ -782,7 +803,7 @@ SBX_API int sbx_proc_signal(struct sbx_proc *p, int sig, struct sbx_error *err)
 {
 	if (p->id[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, ESRCH, NULL, "the process has no id");
-	struct sbx_call_opts o = {.timeout_ms = p->opts.timeout_ms};
+	struct sbx_call_opts o = {.struct_size = sizeof(o), .timeout_ms = p->opts.timeout_ms};
 	return sbx_kill(p->client, &o, p->id, sig, err);
 }
 
@@ -800,7 +821,7 @@ SBX_API int sbx_proc_resize(struct sbx_proc *p, unsigned rows, unsigned cols, st
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_RESIZE;
 	req.resize = &rr;
-	struct sbx_call_opts o = {.timeout_ms = p->opts.timeout_ms};
+	struct sbx_call_opts o = {.struct_size = sizeof(o), .timeout_ms = p->opts.timeout_ms};
 	return simple_request(p->client, &o, &req, err);
 }
 
@@ -820,6 +841,11 @@ SBX_API void sbx_proc_free(struct sbx_proc *p)
 SBX_API int sbx_spawn(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_exec_opts *eo,
 		      struct sbx_process_info *info, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
+	if (sbx__struct_out_check(info, "sbx_process_info", err) < 0)
+		return -1;
 	uint64_t deadline = sbx__deadline(c, opts);
 	struct call *k = start_exec(c, eo, false, 0, true, deadline, err);
 	if (k == NULL)
@@ -831,8 +857,11 @@ SBX_API int sbx_spawn(struct sbx_client *c, const struct sbx_call_opts *opts, co
 	int rc = 0;
 	if (r->kind_case != SHIM__V1__RESULT__KIND_PROCESS)
 		rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim answered with another kind of result");
-	else if (info != NULL)
-		info_from(info, r->process);
+	else if (info != NULL) {
+		struct sbx_process_info full;
+		info_from(&full, r->process);
+		sbx__struct_out_put(info, &full, sizeof(full));
+	}
 	shim__v1__result__free_unpacked(r, NULL);
 	return rc;
 }
@@ -840,6 +869,9 @@ SBX_API int sbx_spawn(struct sbx_client *c, const struct sbx_call_opts *opts, co
 SBX_API int sbx_ps(struct sbx_client *c, const struct sbx_call_opts *opts, sbx_process_fn cb, void *ud,
 		   struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	Shim__V1__ProcessListRequest pr = SHIM__V1__PROCESS_LIST_REQUEST__INIT;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_PS;
@@ -865,6 +897,9 @@ SBX_API int sbx_ps(struct sbx_client *c, const struct sbx_call_opts *opts, sbx_p
 SBX_API int sbx_attach(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, int flags,
 		       struct sbx_proc **out, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (out == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no place for the process handle");
 	*out = NULL;
@@ -903,8 +938,13 @@ SBX_API int sbx_attach(struct sbx_client *c, const struct sbx_call_opts *opts, c
 SBX_API int sbx_wait(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, struct sbx_exit *ex,
 		     struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (id == NULL || id[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no process id given");
+	if (sbx__struct_out_check(ex, "sbx_exit", err) < 0)
+		return -1;
 	Shim__V1__WaitRequest wr = SHIM__V1__WAIT_REQUEST__INIT;
 	wr.id = (char *)(uintptr_t)id;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
@@ -913,8 +953,11 @@ SBX_API int sbx_wait(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	Shim__V1__Result *r = sbx__call_simple(c, opts, &req, SHIM__V1__RESULT__KIND_EXIT, err);
 	if (r == NULL)
 		return -1;
-	if (ex != NULL)
-		exit_from(ex, r->exit);
+	if (ex != NULL) {
+		struct sbx_exit full;
+		exit_from(&full, r->exit);
+		sbx__struct_out_put(ex, &full, sizeof(full));
+	}
 	shim__v1__result__free_unpacked(r, NULL);
 	return 0;
 }
@@ -922,6 +965,9 @@ SBX_API int sbx_wait(struct sbx_client *c, const struct sbx_call_opts *opts, con
 SBX_API int sbx_kill(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, int sig,
 		     struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (id == NULL || id[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no process id given");
 	Shim__V1__SignalRequest sr = SHIM__V1__SIGNAL_REQUEST__INIT;
@@ -937,6 +983,9 @@ SBX_API int sbx_kill(struct sbx_client *c, const struct sbx_call_opts *opts, con
 SBX_API int sbx_rmproc(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id, int kill,
 		       struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (id == NULL || id[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no process id given");
 	Shim__V1__RemoveProcessRequest rr = SHIM__V1__REMOVE_PROCESS_REQUEST__INIT;
@@ -953,12 +1002,17 @@ SBX_API int sbx_rmproc(struct sbx_client *c, const struct sbx_call_opts *opts, c
 SBX_API int sbx_eval(struct sbx_client *c, const struct sbx_call_opts *opts, const char *const *interp,
 		     const char *code, struct sbx_output *out, struct sbx_exit *ex, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	static const char *const default_interp[] = {"python3", "-c", NULL};
 	struct sbx_output mine;
-	struct sbx_exit st;
+	struct sbx_exit st = SBX_EXIT_INIT;
 	if (out == NULL)
 		out = &mine;
 	memset(out, 0, sizeof(*out));
+	if (sbx__struct_out_check(ex, "sbx_exit", err) < 0)
+		return -1;
 	if (code == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no code given");
 	if (interp == NULL)
@@ -976,7 +1030,7 @@ SBX_API int sbx_eval(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	int rc = sbx_run(c, opts, &eo, NULL, 0, RUN_DEFAULT_CAP, out, &st, err);
 	free(argv);
 	if (rc == 0 && ex != NULL)
-		*ex = st;
+		sbx__struct_out_put(ex, &st, sizeof(st));
 	if (rc == 0 && sbx_exit_status(&st) != 0) {
 		int status = sbx_exit_status(&st);
 		/* the start of stderr, on one line: what a log line or an exception shows */

@@ -675,10 +675,9 @@ static struct sbx_tunnel *tunnel_alloc(struct sbx_client *c, int kind, const str
 		return NULL;
 	}
 	struct sbx_tunnel_opts o = SBX_TUNNEL_OPTS_INIT;
-	if (opts != NULL) {
-		size_t n = opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o);
-		memcpy(&o, opts, n);
-		o.struct_size = sizeof(o);
+	if (opts != NULL && sbx__struct_in(&o, sizeof(o), opts, "sbx_tunnel_opts", err) < 0) {
+		free(t);
+		return NULL;
 	}
 	t->o = o;
 	t->c = c;
@@ -920,6 +919,9 @@ static void copy_str(char *dst, size_t size, const char *src)
 SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_tunnel_info **out,
 			     size_t *n, struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (c == NULL || out == NULL || n == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no client or no output given");
 	Shim__V1__TunnelListRequest lr = SHIM__V1__TUNNEL_LIST_REQUEST__INIT;
@@ -958,6 +960,9 @@ SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *o
 SBX_API int sbx_tunnel_close_id(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id,
 				struct sbx_error *err)
 {
+	struct sbx_call_opts call_opts;
+	if (sbx__call_opts(&opts, &call_opts, err) < 0)
+		return -1;
 	if (c == NULL || id == NULL || id[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no client or no tunnel id given");
 	Shim__V1__TunnelCloseRequest cr = SHIM__V1__TUNNEL_CLOSE_REQUEST__INIT;

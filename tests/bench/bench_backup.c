@@ -154,8 +154,8 @@ static void ours_backup(struct sbx_client *c, bool zstd, const char *out, struct
 {
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.compression = zstd ? SBX_COMPRESS_ZSTD : SBX_COMPRESS_NONE;
-	struct sbx_call_opts o = {.timeout_ms = -1};
-	struct sbx_backup_record rec;
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	uint64_t c0 = ours_cpu_ns(), t0 = bench_now_ns();
 	if (sbx_backup_to_file(c, &o, tree, &bo, out, &rec, &err) < 0)
@@ -180,8 +180,8 @@ static void ours_restore(struct sbx_client *c, const char *in, const char *dir, 
 {
 	rm_rf(dir);
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
-	struct sbx_call_opts o = {.timeout_ms = -1};
-	struct sbx_restore_result res;
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	struct sbx_error err;
 	sync();
 	uint64_t c0 = ours_cpu_ns(), t0 = bench_now_ns();

@@ -51,7 +51,7 @@ static void shim_true(struct sbx_client *c, uint64_t *lat, int n)
 	eo.argv = argv;
 	for (int i = 0; i < n; i++) {
 		struct sbx_output out;
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		struct sbx_error err;
 		uint64_t t0 = bench_now_ns();
 		if (sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err) < 0)
@@ -110,7 +110,7 @@ static double shim_stdout(struct sbx_client *c, size_t len)
 			break;
 		total += (size_t)n;
 	}
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	if (sbx_proc_wait(p, &ex, &err) < 0)
 		die_sbx("sbx_proc_wait", &err);
 	uint64_t dt = bench_now_ns() - t0;
@@ -174,7 +174,7 @@ static void *run_sleep(void *arg)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.argv = argv;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	s->rc = sbx_run(s->c, NULL, &eo, NULL, 0, 0, &out, &ex, &s->err);
 	if (s->rc == 0) {
 		sbx_output_free(&out);

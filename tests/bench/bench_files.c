@@ -117,7 +117,7 @@ static int count_sink(void *ud, const void *buf, size_t len)
 
 static double shim_read(struct sbx_client *c, const char *path, uint64_t len)
 {
-	struct sbx_call_opts o = {.timeout_ms = -1};
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 	struct sbx_error err;
 	uint64_t got = 0;
 	uint64_t t0 = bench_now_ns();
@@ -201,10 +201,10 @@ static long pattern_source_fn(void *ud, void *buf, size_t len)
 
 static double shim_write(struct sbx_client *c, const char *path, const uint8_t *pat, uint64_t len)
 {
-	struct sbx_call_opts o = {.timeout_ms = -1};
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 	struct sbx_error err;
 	struct pattern_source s = {pat, len, 0};
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	uint64_t t0 = bench_now_ns();
 	if (sbx_write_file(c, &o, path, 0, SBX_MODE_KEEP, pattern_source_fn, &s, &st, &err) < 0)
 		die("sbx_write_file", &err);

@@ -6,7 +6,7 @@
 #
 # 1. PKG_BUILD_DIR: a build configured as README.md says for packages (-DSHIM_STATIC=ON
 #    -DCMAKE_INSTALL_PREFIX=/usr, Release, no tests), built, then `cpack -G DEB`: sandbox-shim,
-#    sbx, libsbx0, libsbx-dev. Kept between runs (a warm run recompiles only what changed).
+#    sbx, libsbx1, libsbx-dev. Kept between runs (a warm run recompiles only what changed).
 # 2. On the host: each package's files are under /usr only, name no build-tree path, and no
 #    packaged text file (libsbx.pc, the man pages, the completion) or runtime path names one;
 #    the packaged daemon is static; the sections and dependencies are what CMakeLists.txt says.
@@ -133,7 +133,7 @@ echo "packages built in $(($(date +%s) - tb)) s"
 VERSION=$(sed -n 's/^project(sandbox-shim VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")
 ARCH=$(dpkg --print-architecture)
 DEBS=()
-for p in sandbox-shim sbx libsbx0 libsbx-dev; do
+for p in sandbox-shim sbx libsbx1 libsbx-dev; do
 	f=$PKG/${p}_${VERSION}_${ARCH}.deb
 	[ -s "$f" ] || {
 		fail "no $f: $(ls "$PKG"/*.deb 2>/dev/null | tr '\n' ' ')"
@@ -153,18 +153,18 @@ field()
 }
 [ "$(field sandbox-shim Section)" = admin ] || fail "sandbox-shim: Section $(field sandbox-shim Section)"
 [ "$(field sbx Section)" = utils ] || fail "sbx: Section $(field sbx Section)"
-[ "$(field libsbx0 Section)" = libs ] || fail "libsbx0: Section $(field libsbx0 Section)"
+[ "$(field libsbx1 Section)" = libs ] || fail "libsbx1: Section $(field libsbx1 Section)"
 [ "$(field libsbx-dev Section)" = libdevel ] || fail "libsbx-dev: Section $(field libsbx-dev Section)"
-# dpkg-shlibdeps: the static daemon needs nothing, libsbx0 libc6 and libprotobuf-c1
+# dpkg-shlibdeps: the static daemon needs nothing, libsbx1 libc6 and libprotobuf-c1
 [ -z "$(field sandbox-shim Depends)" ] || fail "the static daemon's package depends on: $(field sandbox-shim Depends)"
-[[ $(field libsbx0 Depends) == *"libc6 (>="*"libprotobuf-c1 (>="* ]] || fail "libsbx0: Depends $(field libsbx0 Depends)"
-[[ $(field sbx Depends) == *"libsbx0 (= $VERSION)"*"libc6 (>="* ]] || fail "sbx: Depends $(field sbx Depends)"
-[[ $(field libsbx-dev Depends) == *"libsbx0 (= $VERSION)"* ]] || fail "libsbx-dev: Depends $(field libsbx-dev Depends)"
-# libsbx0 carries a shlibs file, so that packages built on it get their dependency
-dpkg-deb -e "$PKG/libsbx0_${VERSION}_${ARCH}.deb" "$W/ctl-libsbx0"
-[ "$(cat "$W/ctl-libsbx0/shlibs" 2>/dev/null)" = "libsbx 0 libsbx0 (>= $VERSION)" ] ||
-	fail "libsbx0's shlibs: $(cat "$W/ctl-libsbx0/shlibs" 2>&1)"
-grep -q ldconfig "$W/ctl-libsbx0/postinst" 2>/dev/null || fail "libsbx0 runs no ldconfig on install"
+[[ $(field libsbx1 Depends) == *"libc6 (>="*"libprotobuf-c1 (>="* ]] || fail "libsbx1: Depends $(field libsbx1 Depends)"
+[[ $(field sbx Depends) == *"libsbx1 (= $VERSION)"*"libc6 (>="* ]] || fail "sbx: Depends $(field sbx Depends)"
+[[ $(field libsbx-dev Depends) == *"libsbx1 (= $VERSION)"* ]] || fail "libsbx-dev: Depends $(field libsbx-dev Depends)"
+# libsbx1 carries a shlibs file, so that packages built on it get their dependency
+dpkg-deb -e "$PKG/libsbx1_${VERSION}_${ARCH}.deb" "$W/ctl-libsbx1"
+[ "$(cat "$W/ctl-libsbx1/shlibs" 2>/dev/null)" = "libsbx 1 libsbx1 (>= $VERSION)" ] ||
+	fail "libsbx1's shlibs: $(cat "$W/ctl-libsbx1/shlibs" 2>&1)"
+grep -q ldconfig "$W/ctl-libsbx1/postinst" 2>/dev/null || fail "libsbx1 runs no ldconfig on install"
 mkdir "$W/x"
 for f in "${DEBS[@]}"; do
 	p=$(basename "$f" | cut -d_ -f1)
@@ -181,7 +181,7 @@ done
 if grep -rlF -e "$PKG" -e "$ROOT" "$W/x"; then
 	fail "a packaged file names the build tree"
 fi
-for b in "$W/x/usr/bin/sbx" "$W/x/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/libsbx.so.0"; do
+for b in "$W/x/usr/bin/sbx" "$W/x/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/libsbx.so.1"; do
 	[ -e "$b" ] || {
 		fail "$b is not in the packages"
 		continue
@@ -196,7 +196,7 @@ fi
 for want in sandbox-shim:./usr/share/man/man8/sandbox-shim.8 sbx:./usr/share/man/man1/sbx.1 \
 	sbx:./usr/share/bash-completion/completions/sbx sbx:./usr/bin/sbx sandbox-shim:./usr/bin/sandbox-shim \
 	libsbx-dev:./usr/include/sbx.h libsbx-dev:pkgconfig/libsbx.pc libsbx-dev:libsbx.so libsbx-dev:libsbx.a \
-	libsbx0:libsbx.so.0; do
+	libsbx1:libsbx.so.1; do
 	grep -qE -- "${want#*:}\$" "$W/${want%%:*}.list" || fail "${want%%:*} does not contain ${want#*:}"
 done
 
@@ -243,10 +243,10 @@ step() { echo "--- $*"; }
 step "apt-get install"
 apt-get update -qq
 cd /debs
-apt-get install -y -q --no-install-recommends ./sandbox-shim_*.deb ./sbx_*.deb ./libsbx0_*.deb ./libsbx-dev_*.deb \
+apt-get install -y -q --no-install-recommends ./sandbox-shim_*.deb ./sbx_*.deb ./libsbx1_*.deb ./libsbx-dev_*.deb \
 	>/out/apt.log 2>&1 || { tail -n 20 /out/apt.log; exit 1; }
 cd /
-for p in sandbox-shim sbx libsbx0 libsbx-dev; do
+for p in sandbox-shim sbx libsbx1 libsbx-dev; do
 	dpkg -L "$p" >"/out/$p.dpkg-L"
 done
 step "the installed programs"
@@ -265,8 +265,8 @@ step "man pages and completion"
 test -s /usr/share/man/man1/sbx.1 && test -s /usr/share/man/man8/sandbox-shim.8
 bash -c 'source /usr/share/bash-completion/completions/sbx; COMP_WORDS=(sbx pi); COMP_CWORD=1; _sbx; echo "${COMPREPLY[*]}"' >/out/complete.txt
 step "apt-get remove"
-apt-get remove -y -q sandbox-shim sbx libsbx-dev libsbx0 >>/out/apt.log 2>&1
-for p in sandbox-shim sbx libsbx0 libsbx-dev; do
+apt-get remove -y -q sandbox-shim sbx libsbx-dev libsbx1 >>/out/apt.log 2>&1
+for p in sandbox-shim sbx libsbx1 libsbx-dev; do
 	while read -r f; do
 		if [ -f "$f" ] || [ -L "$f" ]; then echo "left after apt-get remove: $f"; exit 1; fi
 	done <"/out/$p.dpkg-L"
@@ -289,7 +289,7 @@ grep -q '^pong from sandbox-shim '"$VERSION" "$W/out/ping.txt" || fail "sbx ping
 [ "$(cat "$W/out/exec.txt")" = "hello from the packages" ] || fail "sbx exec: $(cat "$W/out/exec.txt")"
 grep -q '"protocol_version":1' "$W/out/info.json" || fail "sbx --json info: $(cat "$W/out/info.json")"
 [ "$(cat "$W/out/complete.txt")" = ping ] || fail "the installed completion of 'sbx pi': $(cat "$W/out/complete.txt")"
-for p in sandbox-shim sbx libsbx0 libsbx-dev; do
+for p in sandbox-shim sbx libsbx1 libsbx-dev; do
 	if grep -F -e "$PKG" -e "$ROOT" -e _CPack_Packages "$W/out/$p.dpkg-L"; then
 		fail "dpkg -L $p lists a build-tree path"
 	fi

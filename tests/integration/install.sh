@@ -43,7 +43,14 @@ out=$("$P/bin/sbx" --version 2>&1) || fail "installed sbx --version: $out"
 case $out in "sbx "*"(libsbx "*) ;; *) fail "sbx --version printed: $out" ;; esac
 # (ldd's output taken first: `ldd | grep -q` under pipefail fails when grep quits early)
 deps=$(ldd "$P/bin/sbx")
-grep -q "libsbx.so.0 => $P/" <<<"$deps" || fail "sbx does not find the installed libsbx: $deps"
+grep -q "libsbx.so.1 => $P/" <<<"$deps" || fail "sbx does not find the installed libsbx: $deps"
+# the soname and the version node of every export follow sdk/ABI.md (libsbx.so.1, SBX_1)
+LIB=$(find "$P" -name libsbx.so.1 | head -n 1)
+[ -n "$LIB" ] || fail "no libsbx.so.1 under $P"
+dyn=$(objdump -p "$LIB") || fail "objdump -p $LIB"
+grep -qE "SONAME +libsbx\.so\.1$" <<<"$dyn" || fail "libsbx's SONAME: $(grep SONAME <<<"$dyn")"
+syms=$(objdump -T "$LIB") || fail "objdump -T $LIB"
+grep -qE "SBX_1 +sbx_connect$" <<<"$syms" || fail "sbx_connect is not in version node SBX_1: $(grep sbx_connect <<<"$syms")"
 
 mkdir -m 0700 "$T/state"
 "$P/bin/sandbox-shim" --listen "unix:$T/s" --state-dir "$T/state" 2>"$T/shim.log" </dev/null &

@@ -628,7 +628,7 @@ static void restore_file(const char *dir, const struct sbx_restore_opts *ro, con
 			 struct sbx_restore_result *res)
 {
 	struct sbx_error err;
-	struct sbx_restore_result r;
+	struct sbx_restore_result r = SBX_RESTORE_RESULT_INIT;
 	CHECK_SBX(sbx_restore_from_file(client, NULL, dir, ro, in, res ? res : &r, &err), &err);
 }
 
@@ -637,7 +637,7 @@ static void restore_fails(const char *dir, const struct sbx_restore_opts *ro, co
 			  const char *member)
 {
 	struct sbx_error err;
-	struct sbx_restore_result r;
+	struct sbx_restore_result r = SBX_RESTORE_RESULT_INIT;
 	memset(&err, 0, sizeof(err));
 	CHECKF(sbx_restore_from_file(client, NULL, dir, ro, in, &r, &err) < 0, "restore of %s succeeded", in);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, code);
@@ -703,7 +703,7 @@ static int case_roundtrip(void)
 	snap_take(&before, t);
 
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	char arch[PATH_MAX];
 	SPRINTF(arch, "%s", it_path("t.tar"));
 	backup_file(t, &bo, arch, &rec);
@@ -731,7 +731,7 @@ static int case_roundtrip(void)
 	/* into a new directory, and over an existing one with other content */
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	ro.allow_devices = root;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	const char *r1 = kp("r1");
 	restore_file(r1, &ro, arch, &res);
 	CHECK_EQ(res.entries, before.n);
@@ -801,7 +801,7 @@ static int case_names(void)
 	CHECK(symlink("tar\xff\nget", p) == 0);
 	free(p);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	backup_file(t, &bo, it_path("n.tar"), &rec);
 	sbx_backup_record_free(&rec);
 	char script[PATH_MAX];
@@ -832,7 +832,7 @@ static int case_gnu_tar(void)
 	struct snap before;
 	snap_take(&before, t);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	char arch[PATH_MAX];
 	SPRINTF(arch, "%s", it_path("ours.tar"));
 	backup_file(t, &bo, arch, &rec);
@@ -920,7 +920,7 @@ static int case_gnu_tar(void)
 	}
 	set_times(c, 1700000000, 1, 1600000000, 0);
 	struct sbx_backup_opts co = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record crec;
+	struct sbx_backup_record crec = SBX_BACKUP_RECORD_INIT;
 	const char *ca = kp("compact.tar");
 	backup_file(c, &co, ca, &crec);
 	sbx_backup_record_free(&crec);
@@ -1131,7 +1131,7 @@ static int case_malicious(void)
 	/* a malformed one: refused by the SDK, and by the shim */
 	ro.sha256 = "not hex";
 	struct sbx_error err;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	CHECK(sbx_restore_from_file(client, NULL, dir, &ro, good, &res, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, EINVAL);
 	CHECK_EQ(raw_restore_error(dir, "0123abcz", NULL), EINVAL);
@@ -1166,7 +1166,7 @@ static int case_merge(void)
 	put(p, "new b", 5, 0644);
 	free(p);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	backup_file(src, &bo, it_path("m.tar"), &rec);
 	sbx_backup_record_free(&rec);
 	const char *dst = kp("dst");
@@ -1255,7 +1255,7 @@ static int case_excludes(void)
 			 0);
 		struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 		bo.excludes = sets[i];
-		struct sbx_backup_record rec;
+		struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 		backup_file(t, &bo, arch, &rec);
 		sbx_backup_record_free(&rec);
 		CHECK_EQ(shell("tar -tf '%s' | grep -vx './' | sed 's,^\\./,,; s,/$,,' | sort > '%s'", arch, got), 0);
@@ -1266,7 +1266,7 @@ static int case_excludes(void)
 	static const char *const slash[] = {"b/", NULL};
 	struct sbx_backup_opts bs = SBX_BACKUP_OPTS_INIT;
 	bs.excludes = slash;
-	struct sbx_backup_record rs;
+	struct sbx_backup_record rs = SBX_BACKUP_RECORD_INIT;
 	backup_file(t, &bs, it_path("slash.tar"), &rs);
 	sbx_backup_record_free(&rs);
 	CHECK_EQ(
@@ -1278,7 +1278,7 @@ static int case_excludes(void)
 	static const char *const anch[] = {"./a", "./src/node_modules", NULL};
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.excludes = anch;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	backup_file(t, &bo, it_path("anch.tar"), &rec);
 	sbx_backup_record_free(&rec);
 	CHECK_EQ(shell("tar -tf '%s' | grep -c '^\\./a/' | grep -x 0 >/dev/null && tar -tf '%s' | grep -x './x/a/b/c' "
@@ -1339,7 +1339,7 @@ static int case_mounts(void)
 	daemon1 = it_daemon_start_argv("shim", argv);
 	client = it_connect(it_unix_target(sock), NULL);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	char a1[PATH_MAX], a2[PATH_MAX], list[PATH_MAX];
 	SPRINTF(a1, "%s", it_path("all.tar"));
 	SPRINTF(a2, "%s", it_path("one.tar"));
@@ -1358,7 +1358,7 @@ static int case_mounts(void)
 	/* replace a mount point: it cannot be renamed, so its contents are swapped */
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	restore_file(vol, &ro, a2, NULL);
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	struct sbx_error err;
 	char *q = pjoin(vol, "here");
 	CHECK_SBX(sbx_stat(client, NULL, q, 0, &st, &err), &err);
@@ -1370,7 +1370,7 @@ static int case_mounts(void)
 	q = pjoin(vol, "mnt");
 	CHECK_EQ(sbx_exists(client, NULL, q, &err), 1);
 	free(q);
-	struct sbx_statfs sf;
+	struct sbx_statfs sf = SBX_STATFS_INIT;
 	CHECK_SBX(sbx_statfs(client, NULL, vol, &sf, &err), &err);
 	CHECK_EQ(sf.fs_type, 0x01021994); /* still the tmpfs */
 	/* nothing temporary left on it: here and mnt only */
@@ -1414,7 +1414,7 @@ static int unreadable_body(void)
 	put(empty, "", 0, 0000);
 
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	memset(&err, 0, sizeof(err));
 	CHECK(sbx_backup_to_file(client, NULL, t, &bo, it_path("u.tar"), &rec, &err) < 0);
@@ -1510,7 +1510,7 @@ static int case_changed(void)
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, grow_thread, &g) == 0);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	struct slow_sink s = {.fd = open(it_path("c.tar"), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
 	CHECK(s.fd >= 0);
@@ -1564,7 +1564,7 @@ static int case_bulk(void)
 	struct snap before;
 	snap_take(&before, t);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	backup_file(t, &bo, it_path("b.tar"), &rec);
 	CHECK(rec.source_bytes > 50 * 1000 * 1000);
 	sbx_backup_record_free(&rec);
@@ -1581,7 +1581,7 @@ static int case_bulk(void)
 		char from[PATH_MAX];
 		SPRINTF(from, "%s", it_path("b.tar"));
 		if (k == 2) {
-			struct sbx_restore_result res;
+			struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 			struct sbx_error err;
 			o.from_path = from;
 			CHECK_SBX(sbx_restore(client, NULL, kp(dir), &o, NULL, NULL, &res, &err), &err);
@@ -1641,7 +1641,7 @@ static int case_concurrent(void)
 	char files[N][PATH_MAX], dirs[N][32];
 	for (unsigned i = 0; i < N; i++) {
 		SPRINTF(files[i], "%s/c%u.tar", it_dir(), i);
-		a[i] = (struct job_arg){.dir = t, .file = files[i]};
+		a[i] = (struct job_arg){.dir = t, .file = files[i], .rec = SBX_BACKUP_RECORD_INIT};
 		CHECK(pthread_create(&th[i], NULL, job_thread, &a[i]) == 0);
 	}
 	for (unsigned i = 0; i < N; i++)
@@ -1656,7 +1656,8 @@ static int case_concurrent(void)
 	}
 	for (unsigned i = 0; i < N; i++) {
 		snprintf(dirs[i], sizeof(dirs[i]), "r%u", i);
-		a[i] = (struct job_arg){.dir = kp(dirs[i]), .file = files[i], .restore = true};
+		a[i] = (struct job_arg){
+			.dir = kp(dirs[i]), .file = files[i], .restore = true, .rec = SBX_BACKUP_RECORD_INIT};
 		CHECK(pthread_create(&th[i], NULL, job_thread, &a[i]) == 0);
 	}
 	for (unsigned i = 0; i < N; i++)
@@ -1686,7 +1687,7 @@ static int case_to_from_path(void)
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.to_path = to;
 	bo.compression = SBX_COMPRESS_ZSTD;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_backup(client, NULL, t, &bo, NULL, NULL, &rec, &err), &err);
 	char sha[65];
@@ -1708,7 +1709,7 @@ static int case_to_from_path(void)
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	ro.from_path = to;
 	ro.sha256 = sha;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	const char *r = kp("r");
 	CHECK_SBX(sbx_restore(client, NULL, r, &ro, NULL, NULL, &res, &err), &err);
 	CHECK(strcmp(res.sha256, sha) == 0);
@@ -1787,7 +1788,7 @@ static void wait_idle(void)
 	/* the daemon has dropped the stream: info sees only its own */
 	uint64_t end = it_now_ms() + 10000;
 	for (;;) {
-		struct sbx_info info;
+		struct sbx_info info = SBX_INFO_INIT;
 		struct sbx_error err;
 		CHECK_SBX(sbx_info(client, NULL, &info, &err), &err);
 		unsigned streams = info.streams;
@@ -1805,7 +1806,7 @@ static int case_cancel_backup(void)
 	make_bulk(t, 64, 512 * KiB);
 	/* the sink stops the stream after 2 MiB */
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	uint64_t got = 0;
 	memset(&err, 0, sizeof(err));
@@ -1814,7 +1815,7 @@ static int case_cancel_backup(void)
 	wait_idle();
 	/* to_path, slowly compressed: cancelled on the way, its temp file goes */
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts co = {.timeout_ms = 60000, .cancel = tok};
+	struct sbx_call_opts co = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 60000, .cancel = tok};
 	bo.compression = SBX_COMPRESS_ZSTD;
 	bo.level = 19;
 	char to[PATH_MAX];
@@ -1884,7 +1885,7 @@ static void restore_setup(const char **dir, struct snap *old, const char **arch)
 	const char *t = kp("bulk");
 	make_bulk(t, 32, 256 * KiB);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	*arch = kp("bulk.tar");
 	backup_file(t, &bo, *arch, &rec);
 	sbx_backup_record_free(&rec);
@@ -1907,7 +1908,7 @@ static int case_cancel_restore(void)
 	struct part_source src = {.fd = open(arch, O_RDONLY | O_CLOEXEC), .limit = 3 * MiB, .fail_errno = ECANCELED};
 	CHECK(src.fd >= 0);
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	struct sbx_error err;
 	memset(&err, 0, sizeof(err));
 	CHECK(sbx_restore(client, NULL, dir, &ro, part_source_fn, &src, &res, &err) < 0);
@@ -2044,7 +2045,7 @@ static int case_progress(void)
 	bo.progress = progress_fn;
 	bo.progress_ud = pv;
 	struct slow_sink s = {.fd = open(it_path("p.tar"), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_backup(client, NULL, t, &bo, slow_sink_fn, &s, &rec, &err), &err);
 	close(s.fd);
@@ -2070,7 +2071,7 @@ static int case_confined(void)
 	free(link);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.to_path = "/out.tar";
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_backup(client, NULL, "/abs", &bo, NULL, NULL, &rec, &err), &err);
 	CHECK_EQ(rec.entries, 4);
@@ -2079,7 +2080,7 @@ static int case_confined(void)
 	CHECK(lexists(it_path("root/out.tar")));
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	ro.from_path = "/out.tar";
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	CHECK_SBX(sbx_restore(client, NULL, "/r", &ro, NULL, NULL, &res, &err), &err);
 	CHECK_EQ(res.entries, 4);
 	CHECK(lexists(it_path("root/r/f0002")));
@@ -2205,7 +2206,7 @@ static void refused_msg(const char *dir, const struct snap *old, const char *in,
 			const char *member, const char *want, const char *what)
 {
 	struct sbx_error err;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	CHECKF(restore_via(dir, in, merge, allow_empty, via, &res, &err) < 0, "%s (%s): restored %llu entries", what,
 	       merge ? "merge" : "replace", (unsigned long long)res.entries);
 	CHECKF(err.kind == SBX_ERR_REMOTE && err.code == EBADMSG, "%s (%s): want EBADMSG, got %s", what,
@@ -2316,7 +2317,7 @@ static int case_whole_archive(void)
 	/* allow_empty: an empty archive makes an empty directory (replace; the old one's mode
 	 * kept, as without a "./" member), leaves dir as it was (merge) */
 	struct sbx_error err;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	for (int k = 0; k < 2; k++) {
 		const char *in = k == 0 ? endonly : zeros;
 		const char *e = kp(k == 0 ? "e1" : "e2");
@@ -2430,7 +2431,7 @@ static int case_truncated(void)
 	const char *t = small_tree(&src);
 	const char *dir = old_dir(&old);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	const char *arch = kp("small.tar");
 	backup_file(t, &bo, arch, &rec);
 	sbx_backup_record_free(&rec);
@@ -2460,7 +2461,7 @@ static int case_truncated(void)
 			continue;
 		}
 		struct sbx_error err;
-		struct sbx_restore_result res;
+		struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 		for (int merge = 0; merge <= 1; merge++) {
 			const char *r = kp("ok");
 			shell("rm -rf '%s'", r);
@@ -2492,7 +2493,7 @@ static int case_truncated_compressed(void)
 	const char *t = small_tree(&src);
 	const char *dir = old_dir(&old);
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	const char *plain = kp("small.tar");
 	backup_file(t, &bo, plain, &rec);
 	sbx_backup_record_free(&rec);
@@ -2572,7 +2573,7 @@ static int case_truncated_compressed(void)
 		free(b);
 		CHECK_EQ(shell("%s -q -c < '%s' > '%s'", tool, in, inc), 0);
 		struct sbx_error err;
-		struct sbx_restore_result res;
+		struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 		const char *r = kp(comp == SBX_COMPRESS_GZIP ? "okgz" : "okzst");
 		CHECK_SBX(restore_via(r, inc, 0, 0, VIA_STREAM, &res, &err), &err);
 		struct snap got;
@@ -2642,7 +2643,7 @@ static int case_merge_staged(void)
 		ab_add(&b, NULL, 1024);
 		const char *in = ab_write(&b, "bad.tar");
 		struct sbx_error err;
-		struct sbx_restore_result res;
+		struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 		CHECKF(restore_via(d, in, 1, 0, VIA_STREAM, &res, &err) < 0, "%s: merged", bad[i].name);
 		CHECKF(err.code == bad[i].code && strcmp(err.path, bad[i].path) == 0, "%s: %s (path %s)", bad[i].name,
 		       it_errstr(&err), err.path);
@@ -2662,7 +2663,7 @@ static int case_merge_staged(void)
 	ab_add(&b, NULL, 1024);
 	const char *in = ab_write(&b, "good.tar");
 	struct sbx_error err;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	CHECK_SBX(restore_via(d, in, 1, 0, VIA_STREAM, &res, &err), &err);
 	struct stat st, st2;
 	CHECK(lstat(it_path("md/f"), &st) == 0 && st.st_size == 6);

@@ -23,7 +23,7 @@
 #define KiB 1024u
 #define MiB (1024u * 1024u)
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 #if defined(__SANITIZE_ADDRESS__)
 /* ASan's quarantine would make the big in-memory archives cost far more than they are. */
@@ -445,7 +445,7 @@ static int case_stream(void)
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.progress = mem_progress;
 	bo.progress_ud = &m;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	uint64_t r0 = daemon_rchar();
 	uint64_t t0 = it_now_ms();
@@ -497,7 +497,7 @@ static void check_record(struct sbx_client *c, const char *dir, int compression)
 	struct mem m = {0};
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.compression = compression;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	time_t before = time(NULL);
 	CHECK_SBX(sbx_backup(c, &no_timeout, dir, &bo, mem_sink, &m, &rec, &err), &err);
@@ -518,7 +518,7 @@ static void check_record(struct sbx_client *c, const char *dir, int compression)
 	CHECKF(t >= (int64_t)before - 2 && t <= (int64_t)after + 2, "created_at %s is not now", rec.created_at);
 	CHECK_EQ(rec.n_skipped, 0);
 	CHECK_EQ(rec.n_changed, 0);
-	CHECK_EQ(rec.to_path[0], '\0');
+	CHECK(rec.to_path == NULL);
 	/* what arrived is the archive: tar lists it */
 	char f[1024];
 	keep_path(f, "rec.tar");
@@ -555,7 +555,7 @@ static int case_record(void)
 	keep_path(dir, "small");
 	make_small_tree(dir);
 	struct sbx_error err;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct mem m = {0};
 	if (sbx_backup(c, &no_timeout, dir, NULL, mem_sink, &m, &rec, &err) < 0) {
 		if (skip_if_enosys(&err))
@@ -574,10 +574,9 @@ static int case_record(void)
 /* sbx_backup_record_json on a record filled by hand: escapes, lists, to_path. */
 static int case_record_json(void)
 {
-	struct sbx_backup_record rec;
-	memset(&rec, 0, sizeof(rec));
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	snprintf(rec.id, sizeof(rec.id), "0b6f3c1e-3a51-4a8e-9d1c-7f2b9e0c4d21");
-	snprintf(rec.dir, sizeof(rec.dir), "/d\"q\\x");
+	rec.dir = "/d\"q\\x";
 	rec.bytes = 10240;
 	memset(rec.sha256, 'a', 64);
 	rec.entries = 3;
@@ -590,7 +589,7 @@ static int case_record_json(void)
 	rec.n_skipped = 5;
 	rec.changed = ch;
 	rec.n_changed = 1;
-	snprintf(rec.to_path, sizeof(rec.to_path), "/t/a.tar");
+	rec.to_path = "/t/a.tar";
 	char *j = sbx_backup_record_json(&rec);
 	CHECK(j != NULL);
 	const char *want =
@@ -604,7 +603,7 @@ static int case_record_json(void)
 	/* no lists, no to_path */
 	rec.skipped = rec.changed = NULL;
 	rec.n_skipped = rec.n_changed = 0;
-	rec.to_path[0] = '\0';
+	rec.to_path = NULL;
 	rec.compression = SBX_COMPRESS_NONE;
 	j = sbx_backup_record_json(&rec);
 	CHECK(j != NULL);
@@ -624,8 +623,8 @@ static int case_args(void)
 {
 	struct sbx_client *c = start("args");
 	struct sbx_error err;
-	struct sbx_backup_record rec;
-	struct sbx_restore_result res;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	struct mem m = {0};
@@ -698,7 +697,7 @@ static int case_to_file(void)
 	mkdirs(outdir);
 	char out[1100];
 	snprintf(out, sizeof(out), "%s/a.tar", outdir);
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	if (sbx_backup_to_file(c, &no_timeout, dir, NULL, out, &rec, &err) < 0) {
 		if (skip_if_enosys(&err))
@@ -743,7 +742,7 @@ static int case_to_file(void)
 	/* cancelled part way (the token fired by the first progress event; zstd at level 19
 	 * on incompressible data makes the backup last long enough for one): the same */
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts co = {.timeout_ms = -1, .cancel = tok};
+	struct sbx_call_opts co = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
 	struct cancel_on_progress cp = {.tok = tok};
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.progress = cancel_progress;
@@ -797,11 +796,11 @@ static int case_restore(void)
 	keep_path(dir, "tree");
 	make_tree(dir, 3, 700 * KiB, 200);
 	struct mem m;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	if (backup_mem(c, dir, SBX_COMPRESS_ZSTD, &m, &rec) == IT_SKIP)
 		return skip_case();
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	struct sbx_error err;
 	struct mem pm = {0};
 	ro.progress = mem_progress;
@@ -902,7 +901,7 @@ static int case_wrong_sha(void)
 	keep_path(dir, "tree");
 	make_tree(dir, 2, 300 * KiB, 40);
 	struct mem m;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	if (backup_mem(c, dir, SBX_COMPRESS_NONE, &m, &rec) == IT_SKIP)
 		return skip_case();
 	char work[1024];
@@ -914,7 +913,7 @@ static int case_wrong_sha(void)
 	char snap[1024];
 	snapshot(r, "snap", snap);
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	struct sbx_error err;
 	char wrong[65];
 	memcpy(wrong, rec.sha256, 65);
@@ -966,8 +965,8 @@ static int case_cancel_backup(void)
 	keep_path(dir, "tree");
 	make_tree(dir, 24, 1 * MiB, 100);
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts co = {.timeout_ms = -1, .cancel = tok};
-	struct sbx_backup_record rec;
+	struct sbx_call_opts co = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 
 	struct mem m = {.cancel_after_tok = tok, .cancel_after = 1 * MiB};
@@ -999,7 +998,7 @@ static int case_cancel_backup(void)
 
 	/* the shim let go of the stream; the client works */
 	uint64_t deadline = it_now_ms() + 5000;
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	for (;;) {
 		CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 		if (in.streams == 1)
@@ -1025,7 +1024,7 @@ static int case_cancel_restore(void)
 	keep_path(dir, "tree");
 	make_tree(dir, 8, 1 * MiB, 100);
 	struct mem m;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	if (backup_mem(c, dir, SBX_COMPRESS_NONE, &m, &rec) == IT_SKIP)
 		return skip_case();
 	char work[1024];
@@ -1037,8 +1036,8 @@ static int case_cancel_restore(void)
 	char snap[1024];
 	snapshot(r, "snap", snap);
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts co = {.timeout_ms = -1, .cancel = tok};
-	struct sbx_restore_result res;
+	struct sbx_call_opts co = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	struct sbx_error err;
 
 	/* token fired from the source after 3 MiB */
@@ -1107,7 +1106,7 @@ static int case_in_sandbox(void)
 	bo.level = 3;
 	bo.progress = mem_progress;
 	bo.progress_ud = &pm;
-	struct sbx_backup_record rec;
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	struct sbx_error err;
 	if (sbx_backup(c, &no_timeout, dir, &bo, NULL, NULL, &rec, &err) < 0) {
 		if (skip_if_enosys(&err))
@@ -1129,7 +1128,7 @@ static int case_in_sandbox(void)
 	free(json);
 
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	ro.from_path = arch;
 	ro.sha256 = rec.sha256;
 	char r[1024];

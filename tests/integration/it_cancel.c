@@ -29,7 +29,7 @@ static void *fire_thread(void *arg)
 /* The daemon has ended every stream but the info call asking. */
 static void wait_streams_idle(struct sbx_client *c)
 {
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	uint64_t deadline = it_now_ms() + 5000;
 	for (;;) {
@@ -62,7 +62,7 @@ static int case_cancel_echo(void)
 	struct sbx_cancel *tok = sbx_cancel_new();
 	CHECK(tok != NULL);
 	CHECK(!sbx_cancel_fired(tok));
-	struct sbx_call_opts opts = {.timeout_ms = -1, .cancel = tok};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
 	struct firer f = {.tok = tok, .after_ms = 20};
 	pthread_t th;
 	struct sbx_error err;
@@ -114,7 +114,7 @@ static int case_timeout_echo(void)
 	uint8_t *data = calloc(1, BIG), *back = calloc(1, BIG);
 	CHECK(data != NULL && back != NULL);
 
-	struct sbx_call_opts opts = {.timeout_ms = 1};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 1};
 	struct sbx_error err;
 	memset(&err, 0, sizeof(err));
 	uint64_t t0 = it_now_ms();
@@ -178,7 +178,7 @@ static int case_timeout_midframe(void)
 		struct resumer r = {.pid = d->pid, .after_ms = 400};
 		pthread_t th;
 		CHECK(pthread_create(&th, NULL, resume_thread, &r) == 0);
-		struct sbx_call_opts opts = {.timeout_ms = 150};
+		struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 150};
 		memset(&err, 0, sizeof(err));
 		uint64_t t0 = it_now_ms();
 		CHECK(sbx_echo(c, &opts, data, n, back, &err) < 0);

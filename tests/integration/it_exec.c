@@ -167,7 +167,7 @@ static int case_argv_shell(void)
 {
 	struct sbx_client *c = start();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 
 	/* argv: no shell; NUL bytes and no trailing newline arrive as they are */
 	const char *argv[] = {"printf", "a\\0b", NULL};
@@ -228,7 +228,7 @@ static int case_signal_exit(void)
 {
 	struct sbx_client *c = start();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	run_sh(c, "kill -9 $$", &out, &ex);
 	CHECK_EQ(ex.exit_code, -1);
 	CHECK_EQ(ex.signal, 9);
@@ -260,7 +260,7 @@ static int case_core(void)
 	eo.shell = "ulimit -c unlimited && kill -SEGV $$";
 	eo.cwd = it_dir();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	run(c, &eo, NULL, 0, 0, &out, &ex);
 	CHECK_EQ(ex.signal, SIGSEGV);
 	CHECK_EQ(ex.exit_code, -1);
@@ -280,7 +280,7 @@ static int case_env_cwd(void)
 {
 	struct sbx_client *c = start();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 
 	/* added to the shim's environment, replacing a variable of the same name */
@@ -342,7 +342,7 @@ static int case_spawn_errors(void)
 {
 	struct sbx_client *c = start();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 
@@ -408,7 +408,7 @@ static int case_spawn_errors(void)
 	check_bytes("after errors", out.out, out.out_len, "ok\n", 3);
 	sbx_output_free(&out);
 	/* (the children that failed are reaped as they finish dying) */
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	uint64_t t0 = it_now_ms();
 	for (;;) {
 		CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
@@ -465,7 +465,7 @@ static int case_stdin_binary(void)
 		read_all(p, &s);
 		CHECK(pthread_join(th, NULL) == 0);
 		CHECKF(f.rc == 0, "feeding stdin: %s", it_errstr(&f.err));
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
 		CHECK_EQ(ex.exit_code, 0);
 		check_bytes(to_err ? "stderr" : "stdout", s.b[to_err], s.len[to_err], (const char *)data, len);
@@ -478,7 +478,7 @@ static int case_stdin_binary(void)
 	const char *argv[] = {"cat", NULL};
 	eo.argv = argv;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	run(c, &eo, data, len, 0, &out, &ex);
 	check_bytes("sbx_run cat", out.out, out.out_len, (const char *)data, len);
 	sbx_output_free(&out);
@@ -491,7 +491,7 @@ static int case_timeout(void)
 {
 	struct sbx_client *c = start();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	const char *argv[] = {"sleep", "30", NULL};
 	eo.argv = argv;
@@ -569,7 +569,7 @@ static int case_timeout_group(void)
 		unlink(mark);
 		unlink(armed);
 		struct sbx_output out;
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		uint64_t t0 = it_now_ms();
 		run(c, &eo, NULL, 0, 0, &out, &ex);
 		uint64_t dt = it_now_ms() - t0;
@@ -646,7 +646,7 @@ static int case_cancel_group(void)
 	sink_free(&s);
 
 	c = connect2();
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	t0 = it_now_ms();
 	for (;;) {
 		CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
@@ -679,7 +679,7 @@ static int case_root_cwd(void)
 		eo.shell = "pwd -P";
 		eo.cwd = cwds[i];
 		struct sbx_output out;
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		run(c, &eo, NULL, 0, 0, &out, &ex);
 		snprintf(want, sizeof(want), "%s%s\n", real, subs[i]);
 		check_bytes(cwds[i] ? cwds[i] : "(default)", out.out, out.out_len, want, strlen(want));
@@ -689,7 +689,7 @@ static int case_root_cwd(void)
 	eo.shell = "true";
 	eo.cwd = "/nope";
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	CHECK(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
@@ -704,7 +704,7 @@ static int case_linger(void)
 {
 	struct sbx_client *c = start();
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	uint64_t t0 = it_now_ms();
 	run_sh(c, "sleep 30 & echo $!; printf done", &out, &ex);
 	uint64_t dt = it_now_ms() - t0;
@@ -734,12 +734,12 @@ static int case_attach_slow(void)
 	struct sbx_client *c = start(), *c2 = connect2();
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.shell = "sleep 0.3; head -c 20M /dev/zero; echo end";
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_spawn(c, NULL, &eo, &pi, &err), &err);
 	struct sbx_proc *p;
 	CHECK_SBX(sbx_attach(c, NULL, pi.id, SBX_ATTACH_FOLLOW, &p, &err), &err);
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	uint64_t t0 = it_now_ms();
 	CHECK_SBX(sbx_wait(c2, NULL, pi.id, &ex, &err), &err);
 	printf("the writer ended after %llu ms with nobody reading\n", (unsigned long long)(it_now_ms() - t0));
@@ -801,12 +801,12 @@ static int case_signal_by_id(void)
 	CHECK(f.found && f.info.running && !f.info.detached);
 	CHECK_EQ(f.info.pid, sbx_proc_pid(p));
 	CHECK_CONTAINS(f.info.argv, "sleep 30");
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c2, NULL, &in, &err), &err);
 	CHECK_EQ(in.processes, 1);
 
 	CHECK_SBX(sbx_kill(c2, NULL, id, SIGTERM, &err), &err);
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
 	CHECK_EQ(ex.signal, SIGTERM);
 	CHECK(!ex.timed_out);
@@ -853,7 +853,7 @@ static int case_backpressure(void)
 	eo.shell = cmd;
 	/* warm the daemon up first, so the peak below is this command's doing */
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	run_sh(c, "head -c 4000000 /dev/zero", &out, &ex);
 	sbx_output_free(&out);
 	long hwm0 = vm_hwm_kb(daemon_->pid);
@@ -906,7 +906,7 @@ static int case_output_cap(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.shell = "head -c 10M /dev/zero; head -c 3000 /dev/zero >&2";
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	uint64_t t0 = it_now_ms();
 	run(c, &eo, NULL, 0, MIB, &out, &ex);
 	uint64_t dt = it_now_ms() - t0;
@@ -939,7 +939,7 @@ static int case_pty(void)
 	eo.argv = argv;
 	eo.pty = 1;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	run(c, &eo, NULL, 0, 0, &out, &ex);
 	CHECKF(out.out_len > 9 && memcmp(out.out, "/dev/pts/", 9) == 0, "tty printed \"%s\"", out.out);
 	CHECK_EQ(out.err_len, 0);
@@ -1002,7 +1002,7 @@ static int case_detached(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.shell = "echo hi; sleep 1; echo bye; echo err >&2; exit 5";
 	eo.name = "job-1";
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_spawn(c, NULL, &eo, &pi, &err), &err);
 	CHECK(strcmp(pi.id, "job-1") == 0);
@@ -1028,7 +1028,7 @@ static int case_detached(void)
 	read_all(p, &s);
 	check_bytes("attach stdout", s.b[0], s.len[0], "hi\nbye\n", 7);
 	check_bytes("attach stderr", s.b[1], s.len[1], "err\n", 4);
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
 	CHECK_EQ(ex.exit_code, 5);
 	sink_free(&s);
@@ -1039,7 +1039,7 @@ static int case_detached(void)
 	CHECK(strcmp(ex.id, "job-1") == 0);
 	f = ps_lookup(c, "job-1");
 	CHECK(f.found && !f.info.running);
-	CHECK_EQ(f.info.exit.exit_code, 5);
+	CHECK_EQ(f.info.exit_code, 5);
 	FAILS_WITH(ESRCH, sbx_kill(c, NULL, "job-1", SIGTERM, &err_));
 
 	/* a replay of an exited process, without follow */
@@ -1098,10 +1098,10 @@ static int case_ring(void)
 	snprintf(cmd, sizeof(cmd), "cat '%s'; cat '%s' >&2; echo tail >&2", it_path("big"), it_path("big"));
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.shell = cmd;
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_spawn(c, NULL, &eo, &pi, &err), &err);
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	CHECK_SBX(sbx_wait(c, NULL, pi.id, &ex, &err), &err);
 	CHECK_EQ(ex.exit_code, 0);
 	it_sleep_ms(200); /* the output is drained after the exit */
@@ -1147,7 +1147,7 @@ static void *run_true(void *arg)
 	const char *argv[] = {"true", NULL};
 	eo.argv = argv;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	memset(&out, 0, sizeof(out));
 	r->rc = sbx_run(r->c, NULL, &eo, NULL, 0, 0, &out, &ex, &r->err);
 	r->exit_code = ex.exit_code;
@@ -1188,7 +1188,7 @@ static int case_concurrent(void)
 		CHECK_EQ(r[i].exit_code, 0);
 	}
 	printf("%d concurrent `true` on one connection: %llu ms\n", N, (unsigned long long)(it_now_ms() - t0));
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	CHECK_EQ(in.processes, 0);
@@ -1216,7 +1216,7 @@ static int case_limits(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	const char *sl[] = {"sleep", "60", NULL};
 	eo.argv = sl;
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	uint64_t t0 = it_now_ms();
 	for (int i = 0; i < MAX; i++)
@@ -1225,9 +1225,9 @@ static int case_limits(void)
 	CHECK(strcmp(pi.id, "p1024") == 0);
 	FAILS_WITH(EAGAIN, sbx_spawn(c, NULL, &eo, &pi, &err_));
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	FAILS_WITH(EAGAIN, sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err_));
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	CHECK_EQ(in.processes, MAX);
 	for (int i = 1; i <= MAX; i++) {

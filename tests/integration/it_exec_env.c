@@ -54,7 +54,7 @@ static char *run_env(struct sbx_client *c, const char *user, const char *const *
 	eo.env = env;
 	eo.clear_env = clear;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	memset(&out, 0, sizeof(out));
 	CHECK_SBX(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err), &err);
@@ -200,7 +200,7 @@ static char *run_sh(struct sbx_client *c, const char *cmd, const struct sbx_rlim
 	eo.rlimits = rl;
 	eo.n_rlimits = nrl;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	memset(&out, 0, sizeof(out));
 	CHECK_SBX(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err), &err);
@@ -421,7 +421,7 @@ static int case_setsid_timeout(void)
 			eo.timeout_ms = timeout;
 			eo.kill_grace_ms = 500;
 			struct sbx_output out;
-			struct sbx_exit ex;
+			struct sbx_exit ex = SBX_EXIT_INIT;
 			struct sbx_error err;
 			memset(&out, 0, sizeof(out));
 			CHECK_SBX(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err), &err);
@@ -462,7 +462,7 @@ static int case_setsid_kill(void)
 			CHECK_SBX(sbx_kill(c2, NULL, sbx_proc_id(p), SIGTERM, &err), &err);
 		else
 			CHECK_SBX(sbx_proc_signal(p, SIGKILL, &err), &err);
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
 		CHECK_EQ(ex.signal, how == 0 ? SIGTERM : SIGKILL);
 		wait_gone(pid, how == 0 ? "sbx kill TERM" : "signal KILL");

@@ -187,7 +187,7 @@ static int case_relay(void)
 	for (int i = 0; i < 10; i++)
 		CHECK_SBX(sbx_ping(c, NULL, &rtt, &err), &err);
 	CHECK_EQ(sbx_client_server(c)->pid, d->pid);
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	CHECK_EQ(in.pid, d->pid);
 	size_t n = 1u << 20;

@@ -22,7 +22,7 @@
 #define MiB (1024u * 1024u)
 #define GiB (1024ull * 1024u * 1024u)
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 #if defined(__SANITIZE_ADDRESS__)
 /* ASan keeps freed blocks in a quarantine (256 MiB by default): big_stream's RSS
@@ -163,7 +163,7 @@ static void wait_entries(const char *dir, int want, unsigned timeout_ms)
 
 static void wait_streams_idle(struct sbx_client *c)
 {
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	uint64_t deadline = it_now_ms() + 5000;
 	for (;;) {
@@ -245,7 +245,7 @@ static int case_roundtrip(void)
 		char name[32];
 		snprintf(name, sizeof(name), "f%zu", len);
 		const char *path = it_path(name);
-		struct sbx_stat st;
+		struct sbx_stat st = SBX_STAT_INIT;
 		CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, data, len, &st, &err), &err);
 		CHECK_EQ(st.size, len);
 		CHECK_EQ(st.type, SBX_FT_FILE);
@@ -400,7 +400,7 @@ static int case_big_sparse(void)
 	CHECK(memcmp(out, want, 5) == 0);
 
 	/* an append lands past 4 GiB too */
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	CHECK(truncate(path, (off_t)(4 * GiB + 7)) == 0);
 	CHECK_SBX(sbx_write_file_buf(c, NULL, path, SBX_WRITE_APPEND, SBX_MODE_KEEP, "tail", 4, &st, &err), &err);
 	CHECK_EQ(st.size, 4 * GiB + 11);
@@ -462,7 +462,7 @@ static int case_append(void)
 	struct sbx_client *c = start("shim", NULL);
 	const char *path = it_path("log");
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	/* append creates a missing file (0644) */
 	CHECK_SBX(sbx_write_file_buf(c, NULL, path, SBX_WRITE_APPEND, SBX_MODE_KEEP, "abc", 3, &st, &err), &err);
 	CHECK_EQ(st.mode, 0644);
@@ -493,7 +493,7 @@ static int case_exclusive(void)
 	struct sbx_client *c = start("shim", NULL);
 	const char *path = it_path("x");
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	CHECK_SBX(sbx_write_file_buf(c, NULL, path, SBX_WRITE_EXCLUSIVE, SBX_MODE_KEEP, "one", 3, &st, &err), &err);
 	check_local(path, "one", 3);
 	static const int modes[] = {0, SBX_WRITE_APPEND, SBX_WRITE_NO_ATOMIC};
@@ -528,7 +528,7 @@ static int case_parents(void)
 {
 	struct sbx_client *c = start("shim", NULL);
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	char path[300];
 	snprintf(path, sizeof(path), "%s/a/b//c/file", it_dir());
 	CHECK(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "p", 1, &st, &err) < 0);
@@ -560,7 +560,7 @@ static int case_mode(void)
 {
 	struct sbx_client *c = start("shim", NULL);
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	const char *path = it_path("m");
 	CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "1", 1, &st, &err), &err);
 	CHECK_EQ(st.mode, 0644);
@@ -616,7 +616,7 @@ static int case_in_place(void)
 {
 	struct sbx_client *c = start("shim", NULL);
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	const char *path = it_path("f");
 	put_local(path, "old contents", 12);
 	struct stat ls;
@@ -658,7 +658,7 @@ static int case_errors(void)
 {
 	struct sbx_client *c = start("shim", NULL);
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	uint64_t n;
 	struct membuf m = {NULL, 0, 0};
 	const char *missing = it_path("missing");
@@ -809,7 +809,7 @@ struct fifo_reader {
 static void *fifo_read_thread(void *arg)
 {
 	struct fifo_reader *r = arg;
-	struct sbx_call_opts o = {.timeout_ms = -1, .cancel = r->tok};
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = r->tok};
 	uint64_t n;
 	r->rc = sbx_read_file_ex(r->c, &o, r->path, 0, SBX_TO_END, SBX_READ_ALLOW_SPECIAL, membuf_sink, &r->m, &n,
 				 &r->err);
@@ -929,7 +929,7 @@ static int case_nonseekable(void)
 {
 	struct sbx_client *c = start("shim", NULL);
 	struct sbx_error err;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	const char *fifo = it_path("fifo");
 	CHECK(mkfifo(fifo, 0600) == 0);
 	static uint8_t data[1 * MiB + 777];
@@ -1033,8 +1033,8 @@ struct writer {
 static void *writer_thread(void *arg)
 {
 	struct writer *w = arg;
-	struct sbx_call_opts o = {.timeout_ms = -1, .cancel = w->tok};
-	struct sbx_stat st;
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = w->tok};
+	struct sbx_stat st = SBX_STAT_INIT;
 	w->rc = sbx_write_file(w->c, &o, w->path, w->flags, SBX_MODE_KEEP, slow_source_fn, w->src, &st, &w->err);
 	w->done_at = it_now_ms();
 	return NULL;
@@ -1077,7 +1077,7 @@ static int case_cancel_write(void)
 
 	/* a source that fails: its errno, and the same clean-up */
 	struct slow_source fail = {.first = 300 * KiB, .go = 1, .then = -1, .then_errno = EIO};
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	struct sbx_error err;
 	CHECK(sbx_write_file(c, NULL, path, 0, SBX_MODE_KEEP, slow_source_fn, &fail, &st, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, EIO);
@@ -1288,7 +1288,7 @@ static int case_timeouts(void)
 	struct membuf m = {malloc(16), 0, 16};
 	uint64_t n;
 	/* a read that waits for a FIFO's writer */
-	struct sbx_call_opts o = {.timeout_ms = 200};
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 200};
 	uint64_t t0 = it_now_ms();
 	CHECK(sbx_read_file_ex(c, &o, fifo, 0, SBX_TO_END, SBX_READ_ALLOW_SPECIAL, membuf_sink, &m, &n, &err) < 0);
 	uint64_t ms = it_now_ms() - t0;

@@ -72,7 +72,7 @@ static char *pjoin(const char *dir, const char *name)
 /* The daemon has ended every stream but the info call asking. */
 static void wait_streams_idle(struct sbx_client *c)
 {
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	uint64_t deadline = it_now_ms() + 5000;
 	for (;;) {
@@ -793,7 +793,7 @@ static int case_list_stop(void)
 	wait_streams_idle(c);
 
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts opts = {.timeout_ms = -1, .cancel = tok};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
 	x = (struct stop_ctx){.stop_after = 50, .tok = tok};
 	memset(&err, 0, sizeof(err));
 	CHECK(sbx_list(c, &opts, dir, 1, 0, stop_cb, &x, NULL, &err) < 0);
@@ -806,7 +806,7 @@ static int case_list_stop(void)
 	for (int i = 0; i < 3; i++) {
 		struct sbx_client *c2 = it_connect(it_unix_target(it_path("s")), NULL);
 		x = (struct stop_ctx){.stop_after = 10, .code = 0};
-		struct sbx_call_opts o2 = {.timeout_ms = 1 + i * 5};
+		struct sbx_call_opts o2 = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 1 + i * 5};
 		memset(&err, 0, sizeof(err));
 		int rc = sbx_list(c2, &o2, dir, 0, 0, stop_cb, &x, NULL, &err);
 		CHECK(rc < 0);
@@ -959,6 +959,7 @@ static void watch_begin(struct watch *w, struct sbx_client *c, const struct sbx_
 	w->c = c;
 	snprintf(w->path, sizeof(w->path), "%s", path);
 	w->flags = flags;
+	w->opts.struct_size = sizeof(w->opts);
 	if (opts != NULL)
 		w->opts = *opts;
 	if (w->opts.timeout_ms == 0)
@@ -1295,7 +1296,7 @@ static int case_watch_cancel(void)
 		mkdir_or_fail(p);
 	}
 	for (int i = 0; i < 10; i++) {
-		struct sbx_call_opts o = {.timeout_ms = 1 + i};
+		struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 1 + i};
 		memset(&err, 0, sizeof(err));
 		CHECK(sbx_watch(c, &o, tree, SBX_WATCH_RECURSIVE, watch_cb, NULL, &err) < 0);
 		CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
@@ -1303,7 +1304,7 @@ static int case_watch_cancel(void)
 	wait_streams_idle(c);
 
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts opts = {.timeout_ms = -1, .cancel = tok};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
 	struct watch w;
 	watch_begin(&w, c, &opts, dir, SBX_WATCH_RECURSIVE);
 	CHECK(watch_probe(&w, dir, NULL));
@@ -1317,7 +1318,7 @@ static int case_watch_cancel(void)
 	wait_streams_idle(c);
 
 	/* a timeout ends a watch with ETIMEDOUT */
-	struct sbx_call_opts to = {.timeout_ms = 300};
+	struct sbx_call_opts to = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 300};
 	watch_begin(&w, c, &to, dir, 0);
 	t0 = it_now_ms();
 	watch_end(&w, -1, SBX_ERR_LOCAL, ETIMEDOUT);
@@ -1473,7 +1474,8 @@ static int case_watch_emfile(void)
 		const char *dir = it_path(name);
 		mkdir_or_fail(dir);
 		toks[n] = sbx_cancel_new();
-		struct sbx_call_opts opts = {.timeout_ms = -1, .cancel = toks[n]};
+		struct sbx_call_opts opts = {
+			.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = toks[n]};
 		watch_begin(&ws[n], c, &opts, dir, 0);
 		if (!watch_probe(&ws[n], dir, NULL)) {
 			watch_end(&ws[n], -1, SBX_ERR_REMOTE, EMFILE);
@@ -1574,7 +1576,7 @@ static int slow_cb(void *ud, const struct sbx_dirent *de)
 static void *slow_thread(void *arg)
 {
 	struct slow_list *s = arg;
-	struct sbx_call_opts o = {.timeout_ms = -1};
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 	s->rc = sbx_list(s->c, &o, s->dir, 0, 0, slow_cb, s, NULL, &s->err);
 	return NULL;
 }

@@ -40,7 +40,7 @@
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 static struct sbx_client *client;
-static struct sbx_statfs sf_dummy;
+static struct sbx_statfs sf_dummy = SBX_STATFS_INIT;
 
 /* A daemon (confined to root if not NULL) and a client for it. */
 static struct sbx_client *start(const char *root)
@@ -390,7 +390,7 @@ static int case_mkdir(void)
 	OK(sbx_mkdir(c, NULL, it_path("dsgid"), 0, 02777, &err_));
 	CHECK_EQ(lst(it_path("dsgid")).st_mode & 07777, 02777);
 	/* the stat the SDK reports agrees */
-	struct sbx_stat s;
+	struct sbx_stat s = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, it_path("dsgid"), 0, &s, &err_));
 	CHECK_EQ(s.type, SBX_FT_DIRECTORY);
 	CHECK_EQ(s.mode, 02777);
@@ -619,7 +619,7 @@ static int case_copy_file(void)
 	}
 	CHECK(same_content(it_path("src"), it_path("dst")));
 	/* through the SDK's stat too */
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, it_path("dst"), 0, &st, &err_));
 	CHECK_EQ(st.mode, 04750);
 	CHECK_EQ(st.mtime.sec, 987654321);
@@ -842,7 +842,7 @@ static int case_links(void)
 	OK(sbx_link(c, NULL, it_path("f"), it_path("f2"), &err_));
 	CHECK_EQ(lst(it_path("f2")).st_ino, lst(it_path("f")).st_ino);
 	CHECK_EQ(lst(it_path("f")).st_nlink, 2);
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, it_path("f"), 0, &st, &err_));
 	CHECK_EQ(st.nlink, 2);
 	/* of a symlink: the link itself, not its target */
@@ -908,7 +908,7 @@ static int case_times(void)
 	struct stat st = lst(it_path("f"));
 	CHECK(st.st_atim.tv_sec == 1234567890 && st.st_atim.tv_nsec == 123456789);
 	CHECK(st.st_mtim.tv_sec == 1000000000 && st.st_mtim.tv_nsec == 999999999);
-	struct sbx_stat ss;
+	struct sbx_stat ss = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, it_path("f"), 0, &ss, &err_));
 	CHECK(ss.atime.sec == 1234567890 && ss.atime.nsec == 123456789);
 	CHECK(ss.mtime.sec == 1000000000 && ss.mtime.nsec == 999999999);
@@ -982,7 +982,7 @@ static int case_realpath_statfs(void)
 	FAILS_WITH(ENOENT, sbx_realpath(c, NULL, it_path("nope"), got, sizeof(got), &err_));
 	FAILS_WITH(EINVAL, sbx_realpath(c, NULL, "rel", got, sizeof(got), &err_));
 
-	struct sbx_statfs sf;
+	struct sbx_statfs sf = SBX_STATFS_INIT;
 	OK(sbx_statfs(c, NULL, it_path("d"), &sf, &err_));
 	struct statfs lf;
 	CHECK(statfs(it_path("d"), &lf) == 0);
@@ -1010,11 +1010,12 @@ static int case_errors(void)
 	/* a loop a -> b -> a */
 	ln_s("b", it_path("a"));
 	ln_s("a", it_path("b"));
-	struct sbx_stat st;
-	char buf[PATH_MAX];
+	char buf[PATH_MAX], target[8];
+	struct sbx_stat st = {.struct_size = sizeof(st), .link_target = target, .link_target_size = sizeof(target)};
 	OK(sbx_stat(c, NULL, it_path("a"), 0, &st, &err_));
 	CHECK_EQ(st.type, SBX_FT_SYMLINK);
 	CHECK(strcmp(st.link_target, "b") == 0);
+	CHECK_EQ(st.link_target_len, 1);
 	FAILS_WITH(ELOOP, sbx_stat(c, NULL, it_path("a"), SBX_STAT_FOLLOW, &st, &err_));
 	FAILS_WITH(ELOOP, sbx_stat(c, NULL, it_path("a/x"), 0, &st, &err_));
 	FAILS_WITH(ELOOP, sbx_mkdir(c, NULL, it_path("a/x"), 0, -1, &err_));
@@ -1127,7 +1128,7 @@ static int case_xdev(void)
 			      NULL};
 	it_daemon_start_argv("shim", argv);
 	struct sbx_client *c = client = it_connect(it_unix_target(sock), NULL);
-	struct sbx_statfs sf;
+	struct sbx_statfs sf = SBX_STATFS_INIT;
 	OK(sbx_statfs(c, NULL, t, &sf, &err_));
 	CHECK_EQ(sf.fs_type, TMPFS_MAGIC);
 	CHECK_EQ(sf.blocks * sf.block_size, 4 << 20);
@@ -1173,7 +1174,7 @@ static int case_xdev(void)
 	CHECK_EQ(count_prefix(it_dir(), ".sbx-"), 0);
 	CHECK_EQ(rexists(join(t, "sub/deeper/suid")), 1);
 	/* no room: the partial copy is removed (the tmpfs is as free as before) */
-	struct sbx_statfs before, after;
+	struct sbx_statfs before = SBX_STATFS_INIT, after = SBX_STATFS_INIT;
 	OK(sbx_statfs(c, NULL, t, &before, &err_));
 	uint8_t *big = malloc(5 << 20);
 	CHECK(big != NULL);
@@ -1249,7 +1250,7 @@ static int case_root(void)
 	struct stat rst = lst(R);
 
 	/* stat: the links resolve to R itself */
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, "/esc", 0, &st, &err_));
 	CHECK_EQ(st.type, SBX_FT_SYMLINK);
 	OK(sbx_stat(c, NULL, "/esc", SBX_STAT_FOLLOW, &st, &err_));
@@ -1369,7 +1370,7 @@ static int case_root(void)
 	CHECK(lexists(join(R, "tmp2")) && lexists(join(R, "esc")));
 
 	/* statfs through the link: R's filesystem */
-	struct sbx_statfs sf;
+	struct sbx_statfs sf = SBX_STATFS_INIT;
 	OK(sbx_statfs(c, NULL, "/esc", &sf, &err_));
 	struct statfs lf;
 	CHECK(statfs(R, &lf) == 0);
@@ -1438,7 +1439,7 @@ static int case_cancel(void)
 	CHECK(k.tok != NULL);
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, cancel_when_copying, &k) == 0);
-	struct sbx_call_opts opts = {.timeout_ms = -1, .cancel = k.tok};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = k.tok};
 	struct sbx_error e;
 	int rc = sbx_copy(c, &opts, it_path("big"), it_path("copy"), 0, &e);
 	CHECK(pthread_join(th, NULL) == 0);

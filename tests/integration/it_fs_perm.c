@@ -349,7 +349,7 @@ static int case_nonroot(void)
 	struct sbx_client *c = it_connect(target, NULL);
 
 	/* it is who it should be: nobody, no capability at all */
-	struct sbx_info info;
+	struct sbx_info info = SBX_INFO_INIT;
 	OK(sbx_info(c, NULL, &info, &err_));
 	CHECK_EQ(info.uid, NOBODY);
 	CHECK_EQ(info.gid, NOBODY);
@@ -363,7 +363,7 @@ static int case_nonroot(void)
 	}
 
 	/* stat and listing need no more than the directory's x and r bits */
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, secret, 0, &st, &err_));
 	CHECK_EQ(st.type, SBX_FT_FILE);
 	CHECK_EQ(st.uid, 0);
@@ -594,7 +594,7 @@ static int case_erofs(void)
 	CHECKF(mountinfo_has(mi, ro, opts, sizeof(opts)), "%s does not list %s", mi, ro);
 	CHECKF(starts_with(opts, "ro"), "the daemon's mount on %s has options %s", ro, opts);
 	CHECKF(!mountinfo_has("/proc/self/mountinfo", ro, NULL, 0), "the read-only mount on %s leaked out", ro);
-	struct sbx_statfs sf;
+	struct sbx_statfs sf = SBX_STATFS_INIT;
 	OK(sbx_statfs(c, NULL, ro, &sf, &err_));
 	CHECK(sf.flags & ST_RDONLY_FLAG);
 	OK(sbx_statfs(c, NULL, out_dir, &sf, &err_));
@@ -604,7 +604,7 @@ static int case_erofs(void)
 
 	/* reads work */
 	check_remote(c, f, content, sizeof(content));
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	OK(sbx_stat(c, NULL, f, 0, &st, &err_));
 	CHECK_EQ(st.size, sizeof(content));
 	CHECK_EQ(st.mtime.sec, 1300000000);

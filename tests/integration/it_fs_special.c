@@ -140,19 +140,19 @@ static struct lat calls(const char *sock, const char *path)
 	struct sbx_error err;
 	uint64_t t0 = it_now_ms();
 	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	CHECK_SBX(sbx_stat(c, NULL, path, 0, &st, &err), &err);
 	uint64_t t1 = it_now_ms();
 	static const char *const argv[] = {"true", NULL};
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.argv = argv;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	CHECK_SBX(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err), &err);
 	sbx_output_free(&out);
 	CHECK_EQ(sbx_exit_status(&ex), 0);
 	uint64_t t2 = it_now_ms();
-	struct sbx_info info;
+	struct sbx_info info = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, NULL, &info, &err), &err);
 	uint64_t t3 = it_now_ms();
 	sbx_client_close(c);
@@ -409,7 +409,7 @@ struct writer {
 static void *writer_thread(void *arg)
 {
 	struct writer *w = arg;
-	struct sbx_call_opts o = {.timeout_ms = 30000};
+	struct sbx_call_opts o = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 30000};
 	w->rc = sbx_write_file_buf(w->c, &o, w->path, w->flags, SBX_MODE_KEEP, w->data, w->len, NULL, &w->err);
 	return NULL;
 }

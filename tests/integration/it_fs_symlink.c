@@ -375,7 +375,7 @@ static void attack(struct daemon *dm, const struct standins *s, const char *home
 	SPRINTF(in_parent_keep, "%s/parent/keep", lhome);
 
 	static const char data[] = "owned by nobody\n";
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	/* put: replace the set-uid binary's content */
 	FAILS(EACCES, p_suid, NOT,
 	      sbx_write_file_buf(c, NULL, p_suid, 0, SBX_MODE_KEEP, data, sizeof(data) - 1, &st, &err_));
@@ -463,7 +463,7 @@ static void allowed(struct daemon *dm, const struct standins *s, const char *hom
 		    const char *lfiles)
 {
 	struct sbx_client *c = dm->c;
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	/* root's link to root's passwd: followed for reading */
 	char t[PATH_MAX];
 	SPRINTF(t, "%s/passwd", lfiles);
@@ -591,7 +591,7 @@ static int case_confined(void)
 	attack(&dm, &s, home, "/home");
 	allowed(&dm, &s, home, "/home", "/files");
 	/* root's links: followed, but never out of R: the outside file is not found... */
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	FAILS(ENOENT, "/up_abs", "open", sbx_stat(dm.c, NULL, "/up_abs", SBX_STAT_FOLLOW, &st, &err_));
 	FAILS(ENOENT, "/home/up_rel", "open", sbx_stat(dm.c, NULL, "/home/up_rel", SBX_STAT_FOLLOW, &st, &err_));
 	/* ...and touch through them creates R/outside, not the one outside R; then an append */
@@ -885,7 +885,7 @@ static int case_loops(void)
 	}
 	struct daemon dm;
 	daemon_start(&dm, NULL);
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	FAILS(ELOOP, a, "too many levels", sbx_stat(dm.c, NULL, a, SBX_STAT_FOLLOW, &st, &err_));
 	FAILS(ELOOP, prev, "too many levels", sbx_stat(dm.c, NULL, prev, SBX_STAT_FOLLOW, &st, &err_));
 	OK(sbx_stat(dm.c, NULL, it_path("l39"), SBX_STAT_FOLLOW, &st, &err_)); /* 40 links: fine */
@@ -955,7 +955,7 @@ static int case_race(void)
 	unsigned ok = 0, refused = 0, other = 0;
 	for (int i = 0; i < 150; i++) {
 		struct sbx_error err;
-		struct sbx_stat st;
+		struct sbx_stat st = SBX_STAT_INIT;
 		int rc;
 		switch (i % 6) {
 		case 0:

@@ -22,8 +22,10 @@
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define SPRINTF(buf, ...) CHECK(snprintf((buf), sizeof(buf), __VA_ARGS__) < (int)sizeof(buf))
 
-static const struct sbx_call_opts as_nobody = {.timeout_ms = -1, .user = "nobody"};
-static const struct sbx_call_opts as_root = {.timeout_ms = -1, .user = "root"};
+static const struct sbx_call_opts as_nobody = {
+	.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = "nobody"};
+static const struct sbx_call_opts as_root = {
+	.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = "root"};
 
 /* An SDK call that must fail in the shim with code (its error struct is err_). */
 #define FAILS_WITH(code, call)                                                                             \
@@ -233,13 +235,15 @@ static int case_refused(void)
 	OK(sbx_read_file_alloc(c, &as_nobody, w.pub, 1 << 20, &data, &len, &err_));
 	CHECK(len == strlen(PUB) && memcmp(data, PUB, len) == 0);
 	free(data);
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	OK(sbx_stat(c, &as_nobody, w.secret, 0, &st, &err_)); /* the directory is 0755: stat may */
 	CHECK_EQ(st.uid, 0);
 	/* a number works as well as the name, also one the user database does not know */
-	struct sbx_call_opts by_number = {.timeout_ms = -1, .user = "65534"};
+	struct sbx_call_opts by_number = {
+		.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = "65534"};
 	FAILS_WITH(EACCES, sbx_read_file_alloc(c, &by_number, w.secret, 1 << 20, &data, &len, &err_));
-	struct sbx_call_opts stranger = {.timeout_ms = -1, .user = "54321"};
+	struct sbx_call_opts stranger = {
+		.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = "54321"};
 	FAILS_WITH(EACCES, sbx_read_file_alloc(c, &stranger, w.secret, 1 << 20, &data, &len, &err_));
 	OK(sbx_read_file_alloc(c, &stranger, w.pub, 1 << 20, &data, &len, &err_));
 	free(data);
@@ -250,7 +254,8 @@ static int case_refused(void)
 	mk(closed, 0700, 0);
 	FAILS_WITH(EACCES, sbx_list(c, &as_nobody, closed, 1, 0, count_entry, NULL, NULL, &err_));
 	OK(sbx_list(c, NULL, closed, 1, 0, count_entry, NULL, NULL, &err_));
-	struct sbx_call_opts watch_nobody = {.timeout_ms = 10000, .user = "nobody"};
+	struct sbx_call_opts watch_nobody = {
+		.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 10000, .user = "nobody"};
 	FAILS_WITH(EACCES, sbx_watch(c, &watch_nobody, closed, 0, no_event, NULL, &err_));
 
 	/* writes into root's directory: refused, nothing created (no temp file either) */
@@ -298,15 +303,14 @@ static int case_refused(void)
 
 	/* a backup, and a restore over root's directory */
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
-	struct sbx_backup_record rec;
-	memset(&rec, 0, sizeof(rec));
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	FAILS_WITH(EACCES, sbx_backup(c, &as_nobody, w.rootdir, &bo, discard, NULL, &rec, &err_));
 	sbx_backup_record_free(&rec);
 	/* with skip_unreadable: the secret is listed as skipped, and its bytes are not in the archive */
 	bo.skip_unreadable = 1;
 	bo.compression = SBX_COMPRESS_NONE;
 	struct grab g = {0};
-	memset(&rec, 0, sizeof(rec));
+	rec = (struct sbx_backup_record)SBX_BACKUP_RECORD_INIT;
 	OK(sbx_backup(c, &as_nobody, w.rootdir, &bo, grab_sink, &g, &rec, &err_));
 	CHECKF(rec.n_skipped == 1 && strstr(rec.skipped[0], "secret") != NULL, "skipped: %zu (%s)", rec.n_skipped,
 	       rec.n_skipped ? rec.skipped[0] : "");
@@ -319,7 +323,7 @@ static int case_refused(void)
 	/* the backup as root, into nobody's directory, then restored over rootdir as nobody */
 	SPRINTF(q, "%s/root.tar.zst", w.mine);
 	bo.to_path = q;
-	memset(&rec, 0, sizeof(rec));
+	rec = (struct sbx_backup_record)SBX_BACKUP_RECORD_INIT;
 	OK(sbx_backup(c, NULL, w.rootdir, &bo, NULL, NULL, &rec, &err_));
 	sbx_backup_record_free(&rec);
 	struct stat ast = lst(q);
@@ -327,7 +331,7 @@ static int case_refused(void)
 	CHECK(chown(q, NOBODY, NOBODY) == 0);
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	ro.from_path = q;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	FAILS_WITH(EACCES, sbx_restore(c, &as_nobody, w.rootdir, &ro, NULL, NULL, &res, &err_));
 	CHECK(unlink(q) == 0);
 	CHECK_EQ(entries(w.mine), 0);
@@ -355,7 +359,7 @@ static int case_owner(void)
 	start(&w, NULL, NULL);
 	struct sbx_client *c = it_connect(w.target, NULL);
 	char p[PATH_MAX + 32];
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 
 	SPRINTF(p, "%s/f", w.mine);
 	OK(sbx_write_file_buf(c, &as_nobody, p, 0, SBX_MODE_KEEP, "hello\n", 6, &st, &err_));
@@ -394,15 +398,14 @@ static int case_owner(void)
 	struct sbx_backup_opts bo = SBX_BACKUP_OPTS_INIT;
 	bo.to_path = arc;
 	bo.compression = SBX_COMPRESS_NONE;
-	struct sbx_backup_record rec;
-	memset(&rec, 0, sizeof(rec));
+	struct sbx_backup_record rec = SBX_BACKUP_RECORD_INIT;
 	OK(sbx_backup(c, NULL, p, &bo, NULL, NULL, &rec, &err_));
 	sbx_backup_record_free(&rec);
 	CHECK(chmod(arc, 0644) == 0);
 	SPRINTF(dst, "%s/restored", w.mine);
 	struct sbx_restore_opts ro = SBX_RESTORE_OPTS_INIT;
 	ro.from_path = arc;
-	struct sbx_restore_result res;
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
 	OK(sbx_restore(c, &as_nobody, dst, &ro, NULL, NULL, &res, &err_));
 	SPRINTF(f, "%s/a", dst);
 	check_file(f, "aaa\n", 0640, NOBODY);
@@ -439,12 +442,12 @@ static int case_default(void)
 	OK(sbx_read_file_alloc(c, &as_root, w.secret, 1 << 20, &data, &len, &err_));
 	CHECK(len == strlen(SECRET) && memcmp(data, SECRET, len) == 0);
 	free(data);
-	struct sbx_call_opts uid0 = {.timeout_ms = -1, .user = "0"};
+	struct sbx_call_opts uid0 = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = "0"};
 	OK(sbx_read_file_alloc(c, &uid0, w.secret, 1 << 20, &data, &len, &err_));
 	free(data);
 	/* a group alone is for the default user: nobody with group root still may not
 	 * read a 0600 file of root's */
-	struct sbx_call_opts grp = {.timeout_ms = -1, .group = "root"};
+	struct sbx_call_opts grp = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .group = "root"};
 	FAILS_WITH(EACCES, sbx_read_file_alloc(c, &grp, w.secret, 1 << 20, &data, &len, &err_));
 	/* a file of the default's is nobody's */
 	SPRINTF(p, "%s/f", w.mine);
@@ -517,8 +520,9 @@ static int case_unknown(void)
 	start(&w, NULL, NULL);
 	struct sbx_client *c = it_connect(w.target, NULL);
 	struct sbx_error err;
-	struct sbx_stat st;
-	struct sbx_call_opts o = {.timeout_ms = -1, .user = "nosuchuser_h2x"};
+	struct sbx_stat st = SBX_STAT_INIT;
+	struct sbx_call_opts o = {
+		.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = "nosuchuser_h2x"};
 	CHECK(sbx_stat(c, &o, w.pub, 0, &st, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, EINVAL);
 	CHECK_CONTAINS(err.message, "unknown user nosuchuser_h2x");
@@ -533,7 +537,10 @@ static int case_unknown(void)
 	CHECK(sbx_write_file_buf(c, &o, p, 0, SBX_MODE_KEEP, "x", 1, NULL, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, EINVAL);
 	CHECK_EQ(entries(w.mine), 0);
-	struct sbx_call_opts g = {.timeout_ms = -1, .user = "nobody", .group = "nosuchgroup_h2x"};
+	struct sbx_call_opts g = {.struct_size = sizeof(struct sbx_call_opts),
+				  .timeout_ms = -1,
+				  .user = "nobody",
+				  .group = "nosuchgroup_h2x"};
 	CHECK(sbx_stat(c, &g, w.pub, 0, &st, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, EINVAL);
 	CHECK_CONTAINS(err.message, "unknown group nosuchgroup_h2x");
@@ -541,11 +548,11 @@ static int case_unknown(void)
 	char longname[200];
 	memset(longname, 'u', sizeof(longname) - 1);
 	longname[sizeof(longname) - 1] = '\0';
-	struct sbx_call_opts lo = {.timeout_ms = -1, .user = longname};
+	struct sbx_call_opts lo = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .user = longname};
 	CHECK(sbx_read_file_alloc(c, &lo, w.pub, 1 << 20, &data, &len, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, EINVAL);
 	CHECK_CONTAINS(err.message, "name too long");
-	struct sbx_call_opts bad = {.timeout_ms = -1, .resolve = 0x4};
+	struct sbx_call_opts bad = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .resolve = 0x4};
 	CHECK(sbx_stat(c, &bad, w.pub, 0, &st, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, EINVAL);
 	CHECK_CONTAINS(err.message, "unknown resolve flags");
@@ -585,7 +592,7 @@ static void *race(void *arg)
 			break;
 		}
 		/* a one-shot operation too, and a write whose file must be its writer's */
-		struct sbx_stat st;
+		struct sbx_stat st = SBX_STAT_INIT;
 		rc = sbx_chmod(c, o, r->w->pub, 0644, &err);
 		if (r->nobody ? (rc >= 0 || err.code != EPERM) : rc < 0) {
 			snprintf(r->why, sizeof(r->why), "chmod round %d: %s", i,
@@ -636,7 +643,7 @@ static int case_threads(void)
 		OK(sbx_read_file_alloc(c, NULL, w.secret, 1 << 20, &data, &len, &err_));
 		CHECK(len == strlen(SECRET) && memcmp(data, SECRET, len) == 0);
 		free(data);
-		struct sbx_stat st;
+		struct sbx_stat st = SBX_STAT_INIT;
 		char p[PATH_MAX + 32];
 		SPRINTF(p, "%s/after%d", w.rootdir, i % 2);
 		OK(sbx_write_file_buf(c, NULL, p, 0, SBX_MODE_KEEP, "r", 1, &st, &err_));

@@ -18,7 +18,7 @@
 #error "IT_SYS_BIN must name the it_sys helper"
 #endif
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 /* ---- helpers ---- */
 
@@ -92,7 +92,7 @@ static int run_sh(struct sbx_client *c, const char *cmd, char *out, size_t size)
 {
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_output o;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	eo.shell = cmd;
 	CHECK_SBX(sbx_run(c, &no_timeout, &eo, NULL, 0, 0, &o, &ex, &err), &err);
@@ -148,7 +148,7 @@ static void spawn_stubborn(struct sbx_client *c, const char *name, const char *f
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.shell = cmd;
 	eo.name = name;
-	struct sbx_process_info info;
+	struct sbx_process_info info = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_spawn(c, &no_timeout, &eo, &info, &err), &err);
 	wait_file(file, "ready\n", 5000);
@@ -273,7 +273,7 @@ static int signals(bool pid1)
 	CHECKF(read_all(g)[0] == '\0', "the workload's child got HUP: %s", read_all(g));
 	/* the daemon keeps serving meanwhile */
 	struct sbx_client *c = it_connect(t, NULL);
-	struct sbx_info info;
+	struct sbx_info info = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c, NULL, &info, &err), &err);
 	CHECK_EQ(info.pid1, pid1);
@@ -328,7 +328,7 @@ static int case_pid1(void)
 	const char *t = it_unix_target(it_path("s.sock"));
 	struct it_daemon *d = it_daemon_start_argv("shim", daemon_argv(true, t, NULL, w));
 	struct sbx_client *c = it_connect(t, NULL);
-	struct sbx_info info;
+	struct sbx_info info = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c, NULL, &info, &err), &err);
 	CHECK_EQ(info.pid1, 1);
@@ -426,7 +426,7 @@ static int sigterm_grace(bool pid1)
 	CHECKF(strcmp(read_all(g), "ready\norphan-term\n") == 0, "%s: '%s'", g, read_all(g));
 	if (!pid1)
 		CHECK(pid_gone((pid_t)fg_pid, 2000));
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
 	CHECK_EQ(ex.signal, SIGTERM);
 	sbx_proc_free(p);
@@ -507,7 +507,7 @@ static void *stress_thread(void *ud)
 		struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 		eo.shell = cmd;
 		struct sbx_output o;
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		struct sbx_error err;
 		if (sbx_run(c, &no_timeout, &eo, NULL, 0, 0, &o, &ex, &err) < 0) {
 			snprintf(a->what, sizeof(a->what), "command %d: %s", n, it_errstr(&err));

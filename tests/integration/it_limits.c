@@ -18,7 +18,7 @@
 
 static unsigned connections(struct sbx_client *c)
 {
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	return in.connections;
@@ -254,7 +254,7 @@ static int case_emfile(void)
 		static const char *const argv[] = {"sleep", "100", NULL};
 		eo.argv = argv;
 		eo.ring_bytes = 4096;
-		struct sbx_process_info pi;
+		struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 		if (sbx_spawn(c, NULL, &eo, &pi, &err) < 0) {
 			CHECKF(err.code == EMFILE, "spawn failed with %s, want EMFILE", it_errstr(&err));
 			break;

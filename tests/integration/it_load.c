@@ -60,7 +60,7 @@ static int case_many_clients(void)
 
 	/* every connection is gone from the daemon's books */
 	struct sbx_client *c = it_connect(m.target, NULL);
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	uint64_t deadline = it_now_ms() + 5000;
 	do {
@@ -93,7 +93,7 @@ static void *shared_thread(void *arg)
 	pthread_barrier_wait(s->start);
 	for (unsigned r = 0; r < SHARED_ROUNDS; r++) {
 		CHECK_SBX(sbx_ping(s->c, NULL, NULL, &err), &err);
-		struct sbx_info in;
+		struct sbx_info in = SBX_INFO_INIT;
 		CHECK_SBX(sbx_info(s->c, NULL, &in, &err), &err);
 		CHECK_EQ(in.pid, s->pid);
 		/* sizes from 0 up to past the 256 KiB window's worth of frames in flight */
@@ -125,7 +125,7 @@ static int case_shared_client(void)
 		CHECK(pthread_join(th[i], NULL) == 0);
 	pthread_barrier_destroy(&start);
 	CHECK_EQ(sbx_client_pending(c), 0);
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	CHECK_EQ(in.connections, 1);
@@ -233,7 +233,7 @@ static int case_thousand_clients(void)
 
 	/* each daemon holds its share */
 	for (int i = 0; i < K_DAEMONS; i++) {
-		struct sbx_info in;
+		struct sbx_info in = SBX_INFO_INIT;
 		struct sbx_error err;
 		CHECK_SBX(sbx_info(c[i], NULL, &in, &err), &err);
 		CHECK_EQ(in.connections, K_CLIENTS / K_DAEMONS);

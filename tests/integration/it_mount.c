@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 /* ---- the S3 server ---- */
 
@@ -262,7 +262,7 @@ static int sh_status(struct sbx_client *c, const char *cmd, char *err_out, size_
 {
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_output o;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	eo.shell = cmd;
 	CHECK_SBX(sbx_run(c, &no_timeout, &eo, NULL, 0, 0, &o, &ex, &err), &err);
@@ -363,7 +363,7 @@ static int case_basic(void)
 	CHECK_EQ(n, 1);
 	CHECK(strcmp(v[0].id, rec.id) == 0 && v[0].state == SBX_MOUNT_LIVE);
 	sbx_mounts_free(v);
-	struct sbx_info info;
+	struct sbx_info info = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, &no_timeout, &info, &err), &err);
 	CHECK_EQ(info.mounts, 1);
 	CHECK_CONTAINS(info.features, "mount");
@@ -656,7 +656,7 @@ static int case_blackhole(void)
 	/* cancelled after 300 ms */
 	mo.timeout_ms = 0;
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts copts = {.timeout_ms = -1, .cancel = tok};
+	struct sbx_call_opts copts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, fire_later, tok) == 0);
 	t0 = it_now_ms();
@@ -905,7 +905,7 @@ static int case_crash_sweep(void)
 	printf("after a SIGKILL of the shim: rclone gone, its runtime dir swept and its dead FUSE mount detached at "
 	       "the next start\n");
 	free(log);
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, &no_timeout, &in, &err), &err);
 	CHECK_EQ(in.mounts, 0);
 	/* the path can be mounted again */
@@ -938,12 +938,12 @@ static int case_hung(void)
 	CHECK(kill((pid_t)rec.rclone_pid, SIGSTOP) == 0);
 	/* a stat on the hung path: cancelled from another thread after 300 ms */
 	struct sbx_cancel *tok = sbx_cancel_new();
-	struct sbx_call_opts copts = {.timeout_ms = -1, .cancel = tok};
+	struct sbx_call_opts copts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, fire_later, tok) == 0);
 	char p[1200];
 	snprintf(p, sizeof(p), "%s/nope-%d", mnt, (int)getpid());
-	struct sbx_stat st;
+	struct sbx_stat st = SBX_STAT_INIT;
 	uint64_t t0 = it_now_ms();
 	int rc = sbx_stat(c, &copts, p, 0, &st, &err);
 	uint64_t took = it_now_ms() - t0;
@@ -955,7 +955,7 @@ static int case_hung(void)
 	CHECK(took >= 250 && took < 1500);
 	/* meanwhile and afterwards the shim answers: ping, a stat elsewhere, the mount list */
 	uint64_t rtt;
-	struct sbx_call_opts quick = {.timeout_ms = 1000};
+	struct sbx_call_opts quick = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 1000};
 	CHECK_SBX(sbx_ping(c, &quick, &rtt, &err), &err);
 	CHECK_SBX(sbx_stat(c, &quick, "/", 0, &st, &err), &err);
 	struct sbx_mount_record *v;
@@ -965,7 +965,7 @@ static int case_hung(void)
 	CHECK_EQ(v[0].state, SBX_MOUNT_LIVE);
 	sbx_mounts_free(v);
 	/* a stat with a timeout ends too */
-	struct sbx_call_opts tmo = {.timeout_ms = 500};
+	struct sbx_call_opts tmo = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 500};
 	t0 = it_now_ms();
 	CHECK(sbx_stat(c, &tmo, p, 0, &st, &err) < 0);
 	CHECK(it_now_ms() - t0 < 1500);
@@ -1024,7 +1024,7 @@ static int case_pid1_shutdown(void)
 		"--state-dir", it_path("state"), NULL};
 	shim_ = it_daemon_start_argv("shim", argv);
 	c_ = it_connect(it_unix_target(sock), NULL);
-	struct sbx_info info;
+	struct sbx_info info = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c_, &no_timeout, &info, &err), &err);
 	CHECK_EQ(info.pid1, 1);

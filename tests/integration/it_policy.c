@@ -20,7 +20,7 @@
 #error "SECCOMP_DEFAULT_TXT must name container/seccomp-default.txt"
 #endif
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 /* ---- helpers ---- */
 
@@ -36,7 +36,7 @@ static struct sbx_client *start(void)
 static int run(struct sbx_client *c, struct sbx_exec_opts *eo, char *out, size_t size)
 {
 	struct sbx_output o;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_run(c, &no_timeout, eo, NULL, 0, 0, &o, &ex, &err), &err);
 	if (out != NULL)
@@ -51,7 +51,7 @@ static int run(struct sbx_client *c, struct sbx_exec_opts *eo, char *out, size_t
 static void run_fails(struct sbx_client *c, struct sbx_exec_opts *eo, int code, struct sbx_error *err)
 {
 	struct sbx_output o;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	int rc = sbx_run(c, &no_timeout, eo, NULL, 0, 0, &o, &ex, err);
 	CHECKF(rc < 0, "the command ran (status %d), want %s", sbx_exit_status(&ex), sbx_errno_name(code));
 	CHECK_ERR(err, SBX_ERR_REMOTE, code);
@@ -529,7 +529,7 @@ static int case_rlimits(void)
 		struct sbx_rlimit high[] = {{"nofile", own.rlim_max, (uint64_t)own.rlim_max * 2}};
 		eo.rlimits = high;
 		struct sbx_output o;
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		int rc = sbx_run(c, &no_timeout, &eo, NULL, 0, 0, &o, &ex, &err);
 		if (rc < 0) {
 			CHECK_ERR(&err, SBX_ERR_REMOTE, EPERM);

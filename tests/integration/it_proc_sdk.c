@@ -15,7 +15,7 @@
 #define KiB 1024u
 #define MiB (1024u * 1024u)
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 /* ---- helpers ---- */
 
@@ -115,7 +115,7 @@ static int case_run_collect(void)
 {
 	struct sbx_client *c = start("d", NULL, 0);
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 
 	CHECK_EQ(run_sh(c, "printf 'a\\000b\\n'; printf 'e\\001' >&2", &out, &ex), 0);
@@ -191,7 +191,7 @@ static int case_run_errors(void)
 {
 	struct sbx_client *c = start("d", NULL, 0);
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 
@@ -227,7 +227,7 @@ static int case_run_errors(void)
 	CHECK(sbx_exec_start(c, &no_timeout, &eo, 0, &p, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
 	CHECK(p == NULL);
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	CHECK(sbx_spawn(c, &no_timeout, &eo, &pi, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
 
@@ -259,7 +259,7 @@ static int case_stream_channels(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_proc *p;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct drained d;
 
 	eo.shell = "printf out1; printf err1 >&2; sleep 0.1; printf out2; printf 'err\\0002' >&2; exit 5";
@@ -305,7 +305,7 @@ static int case_backpressure(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_proc *p;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	char cmd[512];
 	const unsigned chunks = 200, chunk = 64 * KiB; /* 12.5 MiB in all */
 
@@ -384,7 +384,7 @@ static int case_stdin_stream(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_proc *p;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct drained d;
 	const char *cat[] = {"cat", NULL};
 	size_t len = 10 * MiB;
@@ -471,13 +471,13 @@ static int case_cancel_run(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	char cmd[256];
 
 	snprintf(cmd, sizeof(cmd), "echo $$ > '%s'; exec sleep 30", it_path("pid"));
 	eo.shell = cmd;
 	struct firer f = {sbx_cancel_new(), 500, 0};
-	struct sbx_call_opts opts = {.timeout_ms = -1, .cancel = f.tok};
+	struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = f.tok};
 	pthread_t t;
 	CHECK(pthread_create(&t, NULL, fire_main, &f) == 0);
 	CHECK(sbx_run(c, &opts, &eo, NULL, 0, 0, &out, &ex, &err) < 0);
@@ -499,7 +499,7 @@ static int case_cancel_run(void)
 
 	/* the call's own timeout: ETIMEDOUT, and the command is killed likewise */
 	unlink(it_path("pid"));
-	struct sbx_call_opts short_opts = {.timeout_ms = 300};
+	struct sbx_call_opts short_opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 300};
 	CHECK(sbx_run(c, &short_opts, &eo, NULL, 0, 0, &out, &ex, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
 	pid = read_pid(it_path("pid"));
@@ -532,7 +532,7 @@ static void *worker_main(void *arg)
 		snprintf(want_out, sizeof(want_out), "out-%d-%d\n", w->n, i);
 		snprintf(want_err, sizeof(want_err), "err-%d-%d\n", w->n, i);
 		struct sbx_output out;
-		struct sbx_exit ex;
+		struct sbx_exit ex = SBX_EXIT_INIT;
 		if (i % 4 == 3) {
 			/* some through the streamed API, on the same client */
 			struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
@@ -580,7 +580,7 @@ static int case_eval(void)
 {
 	struct sbx_client *c = start("d", NULL, 0);
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	struct sbx_error err;
 	static const char *const sh[] = {"sh", "-c", NULL};
 
@@ -643,7 +643,7 @@ static int case_signal_free(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_proc *p;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	char cmd[256];
 	int ch;
 	char b[64];
@@ -671,7 +671,7 @@ static int case_signal_free(void)
 	sbx_proc_free(p);
 
 	/* a read with a short call timeout times out and leaves the command running */
-	struct sbx_call_opts shortt = {.timeout_ms = 200};
+	struct sbx_call_opts shortt = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 200};
 	CHECK_SBX(sbx_exec_start(c, &shortt, &eo, 0, &p, &err), &err);
 	CHECK(sbx_proc_read(p, &ch, b, sizeof(b), &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
@@ -729,9 +729,9 @@ static int case_detached(void)
 	char target[256];
 	struct sbx_client *c = start("d", target, sizeof(target));
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	char cmd[256];
 
 	snprintf(cmd, sizeof(cmd), "echo hello; echo oops >&2; while [ ! -e '%s' ]; do sleep 0.02; done; echo bye",
@@ -769,7 +769,7 @@ static int case_detached(void)
 	drained_free(&d);
 	sbx_proc_free(p);
 	/* waiting on such a handle waits for the process (by id); here, with a short timeout */
-	struct sbx_call_opts shortt = {.timeout_ms = 300};
+	struct sbx_call_opts shortt = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 300};
 	CHECK_SBX(sbx_attach(c, &shortt, "job-1", 0, &p, &err), &err);
 	CHECK(sbx_proc_wait(p, &ex, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, ETIMEDOUT);
@@ -791,7 +791,7 @@ static int case_detached(void)
 	CHECK(strcmp(ex.id, "job-1") == 0);
 	f = ps_lookup(c, "job-1");
 	CHECK(f.found && !f.info.running);
-	CHECK_EQ(f.info.exit.exit_code, 0);
+	CHECK_EQ(f.info.exit_code, 0);
 	CHECK_SBX(sbx_rmproc(c, &no_timeout, "job-1", 0, &err), &err);
 	f = ps_lookup(c, "job-1");
 	CHECK(!f.found);
@@ -825,7 +825,7 @@ static int case_pty(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_proc *p;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	char buf[4096];
 	size_t len = 0;
 	int ch;
@@ -868,7 +868,7 @@ static int case_timeout(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	struct sbx_error err;
 	struct sbx_output out;
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	const char *sleeper[] = {"sleep", "30", NULL};
 
 	eo.argv = sleeper;

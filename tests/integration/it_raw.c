@@ -17,7 +17,7 @@
 
 static struct sbx_info info_of(struct sbx_client *c)
 {
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	return in;

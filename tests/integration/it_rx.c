@@ -1038,7 +1038,7 @@ static int run_rx_case(unsigned idx)
 		snprintf(path, sizeof(path), "/%s", rc->calls[s->call]);
 		struct sink sk = {0};
 		uint64_t bytes = 0;
-		struct sbx_call_opts opts = {.timeout_ms = s->timeout_ms};
+		struct sbx_call_opts opts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = s->timeout_ms};
 		uint64_t t0 = it_now_ms();
 		memset(&err, 0, sizeof(err));
 		int r = sbx_read_file(c, &opts, path, 0, SBX_TO_END, sink_put, &sk, &bytes, &err);

@@ -207,7 +207,7 @@ static int case_no_dumps(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	static const char *const sleep_argv[] = {"sleep", "100", NULL};
 	eo.argv = sleep_argv;
-	struct sbx_process_info pi;
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_spawn(c, NULL, &eo, &pi, &err), &err);
 	core_limit((pid_t)pi.pid, soft, hard);

@@ -33,7 +33,7 @@ static void exercise(struct sbx_client *c, unsigned want_pid)
 	CHECK(sbx_client_has_feature(c, "echo"));
 	CHECK(!sbx_client_has_feature(c, "ech"));
 
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	CHECK_EQ(in.protocol_version, 1);
 	CHECK_EQ(in.pid, si->pid);
@@ -149,7 +149,7 @@ static int case_tcp_token(void)
 
 	/* refused handshakes leave nothing behind */
 	c = it_connect(tcp, "s3cret-token");
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
 	CHECK_EQ(in.connections, 1);
 	sbx_client_close(c);
@@ -570,7 +570,7 @@ static int case_multi_listen(void)
 	exercise(u, (unsigned)d->pid);
 	exercise(t, (unsigned)d->pid);
 	struct sbx_error err;
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(u, NULL, &in, &err), &err);
 	CHECK_EQ(in.connections, 2);
 	sbx_client_close(u);
@@ -700,7 +700,7 @@ static int case_env_listen(void)
 	struct sbx_error err;
 	CHECK_SBX(sbx_ping(ua, NULL, NULL, &err), &err);
 	CHECK_SBX(sbx_ping(ub, NULL, NULL, &err), &err);
-	struct sbx_info in;
+	struct sbx_info in = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(t, NULL, &in, &err), &err);
 	CHECK_EQ(in.connections, 3);
 	sbx_client_close(ua);

@@ -4,7 +4,7 @@
  * in flight (no fd left behind in the shim), ECONNREFUSED and EADDRINUSE, the exec:
  * (stdio) transport, a stalled reader that stalls only its own connection, and a client
  * that vanishes taking its tunnels with it. The "inside" servers are threads of this
- * test listening on localhost: the shim runs on the same host. */
+ * test listening on 127.0.0.1: the shim runs on the same host. */
 #include "harness.h"
 #include "rawclient.h"
 #include "shim.pb-c.h"
@@ -507,7 +507,7 @@ static int case_reverse_exec(void)
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.argv = argv;
 	struct sbx_output out = {0};
-	struct sbx_exit ex;
+	struct sbx_exit ex = SBX_EXIT_INIT;
 	if (sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err) < 0) {
 		sbx_tunnel_close(t);
 		srv_stop(&s);

@@ -130,6 +130,7 @@ static void watch_start(struct w *w, struct sbx_client *c, const char *path)
 	memset(w, 0, sizeof(*w));
 	w->c = c;
 	w->path = path;
+	w->opts.struct_size = sizeof(w->opts);
 	w->opts.timeout_ms = -1;
 	w->opts.cancel = sbx_cancel_new();
 	CHECK(pthread_create(&w->th, NULL, thread, w) == 0);

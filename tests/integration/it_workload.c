@@ -30,7 +30,7 @@
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
-static const struct sbx_call_opts no_timeout = {.timeout_ms = -1};
+static const struct sbx_call_opts no_timeout = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1};
 
 /* ---- the inits ---- */
 
@@ -969,7 +969,7 @@ static pid_t spawn_stubborn(struct sbx_client *c, const char *file, pid_t shim, 
 	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
 	eo.shell = cmd;
 	eo.name = "stubborn";
-	struct sbx_process_info info;
+	struct sbx_process_info info = SBX_PROCESS_INFO_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_spawn(c, &no_timeout, &eo, &info, &err), &err);
 	wait_content(file, "ready\n", 5000, "the stubborn command");
