@@ -3,6 +3,7 @@
 #include "backup.h"
 #include "backup_meta.h"
 #include "backup_queue.h"
+#include "fs_walk.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -15,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -73,29 +73,21 @@
  * left out, as tar does.
  */
 
-#define WALK_DENTS (32u << 10) /* getdents64 buffer of an open level */
-#define WALK_OPEN 32           /* levels that keep their fd and buffer */
-#define WALK_NAME_MAX 16384    /* longest member name */
+#define WALK_NAME_MAX 16384 /* longest member name */
 #define LIST_BUDGET (256u << 10)
 #define MAX_REGIONS 65536 /* data regions of a sparse file; more are stored as data */
 
-struct dirent64_raw {
-	uint64_t d_ino;
-	int64_t d_off;
-	unsigned short d_reclen;
-	unsigned char d_type;
-	char d_name[];
-};
-
-struct level {
-	int fd; /* -1 while released (far above the deepest level) */
-	dev_t dev;
-	ino_t ino;
-	off_t next;   /* getdents position of the next entry */
-	uint8_t *buf; /* NULL while released */
-	size_t len, pos;
+/* A level's data on the walker (fs_walk.h). */
+struct bk_level {
 	size_t name_len; /* bytes of walk.name that prefix this level's entries ("./a/") */
 	bool holds_to;   /* to_path's directory */
+};
+
+/* The deepest level, as the entry functions see it. */
+struct level {
+	int fd;
+	size_t name_len;
+	bool holds_to;
 };
 
 struct bk_walk {
@@ -106,9 +98,8 @@ struct bk_walk {
 	dev_t root_dev;
 	struct stat root_st;
 	uid_t euid;
-	bool noatime_any; /* root: O_NOATIME on any file (open_first) */
-	struct level *lv;
-	size_t nlv, cap_lv;
+	bool noatime_any;                        /* root: O_NOATIME on any file (open_first) */
+	struct fs_walk walk;                     /* levels of struct bk_level */
 	char name[WALK_NAME_MAX + NAME_MAX + 2]; /* the member name of the entry in hand */
 	char *xlist, *xval;
 	uint8_t *xbuf; /* the entry's xattrs, as the record carries them */
@@ -519,89 +510,14 @@ static int entry_other(struct bk_walk *w, struct level *L, const char *name, con
 
 /* ---- the walk ---- */
 
-static void level_release(struct level *l)
-{
-	if (l->fd >= 0)
-		close(l->fd);
-	l->fd = -1;
-	free(l->buf);
-	l->buf = NULL;
-	l->len = l->pos = 0;
-}
-
+/* Make fd (the directory st, its entries named w->name[0, name_len)) the deepest level. */
 static int push_level(struct bk_walk *w, int fd, const struct stat *st, size_t name_len, bool holds_to)
 {
-	if (w->nlv == w->cap_lv) {
-		size_t ncap = w->cap_lv ? w->cap_lv * 2 : 64;
-		struct level *nl = realloc(w->lv, ncap * sizeof(*nl));
-		if (nl == NULL) {
-			close(fd);
-			return fail(w, ENOMEM, "out of memory");
-		}
-		w->lv = nl;
-		w->cap_lv = ncap;
-	}
-	struct level *l = &w->lv[w->nlv];
-	*l = (struct level){.fd = fd, .dev = st->st_dev, .ino = st->st_ino, .name_len = name_len, .holds_to = holds_to};
-	l->buf = malloc(WALK_DENTS);
-	if (l->buf == NULL) {
-		close(fd);
-		return fail(w, ENOMEM, "out of memory");
-	}
-	w->nlv++;
-	/* a deep tree keeps only the deepest levels open; the others are opened again
-	 * on the way back up (fs_dir_reopen_parent checks they are the same) */
-	if (w->nlv > WALK_OPEN)
-		level_release(&w->lv[w->nlv - 1 - WALK_OPEN]);
+	if (fs_walk_push(&w->walk, fd, st, -1) < 0)
+		return fail(w, errno, w->walk.fail == FS_WALK_FAIL_MEMORY ? "out of memory" : "stat");
+	*(struct bk_level *)fs_walk_data(&w->walk, w->walk.n - 1) =
+		(struct bk_level){.name_len = name_len, .holds_to = holds_to};
 	return 0;
-}
-
-static int pop_level(struct bk_walk *w)
-{
-	struct level *l = &w->lv[w->nlv - 1];
-	if (w->nlv >= 2) {
-		struct level *up = &w->lv[w->nlv - 2];
-		if (up->fd < 0) {
-			up->fd = fs_dir_reopen_parent(l->fd, up->dev, up->ino);
-			if (up->fd < 0 || lseek(up->fd, up->next, SEEK_SET) < 0) {
-				w->name[up->name_len - 1] = '\0';
-				return fail(w, errno, "open the directory again (was it moved?)");
-			}
-			up->buf = malloc(WALK_DENTS);
-			if (up->buf == NULL)
-				return fail(w, ENOMEM, "out of memory");
-		}
-	}
-	level_release(l);
-	w->nlv--;
-	return 0;
-}
-
-/* The next entry of level l: 1, 0 at its end, -1 with errno. */
-static int level_next(struct bk_walk *w, struct level *l, const char **name, unsigned char *type)
-{
-	for (;;) {
-		if (l->pos >= l->len) {
-			long n = syscall(SYS_getdents64, l->fd, l->buf, WALK_DENTS);
-			if (n < 0) {
-				if (errno == EINTR && !cancelled(w))
-					continue;
-				return -1;
-			}
-			if (n == 0)
-				return 0;
-			l->len = (size_t)n;
-			l->pos = 0;
-		}
-		const struct dirent64_raw *d = (const void *)(l->buf + l->pos);
-		l->pos += d->d_reclen;
-		l->next = d->d_off;
-		if (d->d_name[0] == '.' && (d->d_name[1] == '\0' || (d->d_name[1] == '.' && d->d_name[2] == '\0')))
-			continue;
-		*name = d->d_name;
-		*type = d->d_type;
-		return 1;
-	}
 }
 
 /* A directory; fd: the directory already open (open_first), or -1. */
@@ -629,11 +545,9 @@ static int entry_dir(struct bk_walk *w, struct level *L, const char *name, const
 	}
 	/* a directory already on the path (a bind mount of an ancestor): kept, not
 	 * entered, or the walk would never end */
-	for (size_t i = 0; i < w->nlv; i++) {
-		if (w->lv[i].dev == st->st_dev && w->lv[i].ino == st->st_ino) {
-			close(fd);
-			return 0;
-		}
+	if (fs_walk_on_path(&w->walk, st->st_dev, st->st_ino)) {
+		close(fd);
+		return 0;
 	}
 	w->name[name_end] = '/';
 	w->name[name_end + 1] = '\0';
@@ -708,26 +622,31 @@ static int walk_entry(struct bk_walk *w, struct level *L, const char *name, unsi
 
 static int walk_tree(struct bk_walk *w)
 {
-	while (w->nlv > 0) {
+	for (;;) {
 		if (cancelled(w))
 			return fail(w, ECANCELED, "cancelled");
-		struct level *L = &w->lv[w->nlv - 1];
-		const char *name;
-		unsigned char type;
-		int r = level_next(w, L, &name, &type);
+		int r = fs_walk_next(&w->walk);
+		if (r == FS_WALK_END)
+			return 0;
+		const struct bk_level *d = fs_walk_data(&w->walk, w->walk.n - 1);
+		if (r < 0 && w->walk.fail == FS_WALK_FAIL_REOPEN) {
+			/* the level above, opened again as "..": moved meanwhile? */
+			d = fs_walk_data(&w->walk, w->walk.n - 2);
+			w->name[d->name_len - 1] = '\0';
+			return fail(w, errno, "open the directory again (was it moved?)");
+		}
 		if (r < 0) {
-			w->name[L->name_len > 2 ? L->name_len - 1 : 1] = '\0';
+			w->name[d->name_len > 2 ? d->name_len - 1 : 1] = '\0';
 			return fail(w, errno, "read directory");
 		}
-		if (r == 0) {
-			if (pop_level(w) < 0)
-				return -1;
+		if (r == FS_WALK_POST) {
+			fs_walk_pop(&w->walk);
 			continue;
 		}
-		if (walk_entry(w, L, name, type) < 0)
+		struct level L = {.fd = fs_walk_top(&w->walk)->d.fd, .name_len = d->name_len, .holds_to = d->holds_to};
+		if (walk_entry(w, &L, w->walk.name, w->walk.type) < 0)
 			return -1;
 	}
-	return 0;
 }
 
 /* ---- the thread ---- */
@@ -744,7 +663,7 @@ static void *walk_main(void *arg)
 	/* DIR itself first, as "./" */
 	strcpy(w->name, ".");
 	if (rc == 0)
-		rc = put_header(w, &w->root_st, w->lv[0].fd, -1, NULL, NULL, NULL);
+		rc = put_header(w, &w->root_st, w->walk.lv[0].d.fd, -1, NULL, NULL, NULL);
 	if (rc == 0) {
 		strcpy(w->name, "./");
 		rc = walk_tree(w);
@@ -770,7 +689,8 @@ struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err)
 	strcpy(w->name, ".");
 	w->xlist = malloc(XATTR_LIST_MAX);
 	w->xval = malloc(XATTR_SIZE_MAX);
-	if (w->xlist == NULL || w->xval == NULL || bk_excludes_init(&w->ex, b->excludes, b->n_excludes) < 0) {
+	if (w->xlist == NULL || w->xval == NULL || bk_excludes_init(&w->ex, b->excludes, b->n_excludes) < 0 ||
+	    fs_walk_init(&w->walk, FS_WALK_LEVEL_BUFS, sizeof(struct bk_level)) < 0) {
 		err_set(err, ENOMEM, b->dir.abs, "backup: out of memory");
 		goto fail;
 	}
@@ -800,7 +720,7 @@ void bk_walk_skip(struct bk_walk *w, dev_t dev, ino_t ino, const char *name, con
 	w->to_ino = ino;
 	snprintf(w->to_name, sizeof(w->to_name), "%s", name);
 	snprintf(w->to_tmp, sizeof(w->to_tmp), "%s", tmp);
-	w->lv[0].holds_to = w->root_st.st_dev == dev && w->root_st.st_ino == ino;
+	((struct bk_level *)fs_walk_data(&w->walk, 0))->holds_to = w->root_st.st_dev == dev && w->root_st.st_ino == ino;
 }
 
 int bk_walk_start(struct bk_walk *w, struct bq *q, struct shim_err *err)
@@ -825,9 +745,7 @@ void bk_walk_free(struct bk_walk *w)
 	if (w == NULL)
 		return;
 	bk_walk_stop(w);
-	while (w->nlv > 0)
-		level_release(&w->lv[--w->nlv]);
-	free(w->lv);
+	fs_walk_free(&w->walk);
 	free(w->xlist);
 	free(w->xval);
 	free(w->xbuf);

@@ -60,7 +60,7 @@ int fs_fd_path(int fd, char *buf, size_t size, struct shim_err *err);
 int fs_fd_chmod(int fd, mode_t mode);
 int fs_fd_utimens(int fd, const struct timespec ts[2]);
 
-/* ---- walking a tree with directory fds (remove, copy) ----
+/* ---- reading directories by fd (under fs_walk.h's walker; restore_swap.c) ----
  * One entry buffer is shared by every level of a walk, so memory does not grow
  * with the depth; a level keeps only its fd and the getdents position of its next
  * entry, and is read on from there when the walk comes back up to it. */

@@ -1,5 +1,6 @@
 /* op_fs.c: one-shot file operations (stat, mkdir, remove, rename, chmod, ...), each run on a worker. */
 #include "fs.h"
+#include "fs_walk.h"
 #include "ops.h"
 #include "util.h"
 
@@ -162,188 +163,118 @@ int op_fs_mkdir(const Shim__V1__Request *req, struct op_reply *reply, struct shi
 
 /* ---- remove ---- */
 
-/* The mount a directory fd is on: the mount id where statx has it (so a bind
- * mount of the same filesystem counts as another mount), else the device. */
-static int mount_of(int fd, uint64_t *id)
-{
-	struct statx sx;
-	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) == 0 &&
-	    (sx.stx_mask & STATX_MNT_ID)) {
-		*id = sx.stx_mnt_id;
-		return 0;
-	}
-	struct stat st;
-	if (fstat(fd, &st) < 0)
-		return -1;
-	*id = (uint64_t)st.st_dev | (1ull << 63);
-	return 0;
-}
-
+/* Per level of a remove: how its last pass went. */
 struct rm_level {
-	struct fs_dirpos d; /* d.fd -1 while closed to save fds (deep trees) */
-	dev_t dev;
-	ino_t ino;
 	unsigned passes;  /* times read to the end */
 	uint64_t removed; /* entries removed in this pass */
 	char *name;       /* in the level above (or the caller's dfd) */
 };
 
-static void rm_close(struct fs_dirbuf *b, struct rm_level *l)
+static int rm_fail(struct fs_walk *w, const char *errpath, struct shim_err *err)
 {
-	if (l->d.fd >= 0) {
-		fs_dir_forget(b, l->d.fd);
-		close(l->d.fd);
-		l->d.fd = -1;
+	enum fs_walk_fail f = w->fail;
+	if (f == FS_WALK_FAIL_MEMORY)
+		return err_set(err, ENOMEM, errpath, "out of memory");
+	if (f == FS_WALK_FAIL_CANCEL)
+		return err_set(err, ECANCELED, errpath, "cancelled");
+	if (f == FS_WALK_FAIL_MOUNT)
+		return err_set(err, EBUSY, errpath, "a mount point below the tree");
+	return err_set(err, errno, errpath, "%s",
+		       f == FS_WALK_FAIL_REOPEN ? "open .." :
+		       f == FS_WALK_FAIL_STAT   ? "stat" :
+		       f == FS_WALK_FAIL_OPEN   ? "open" :
+						  "getdents");
+}
+
+/* Push the directory fd (named name in the level above) with its name. */
+static int rm_push(struct fs_walk *w, int fd, const char *name, const char *errpath, struct shim_err *err)
+{
+	char *dup = strdup(name);
+	if (dup == NULL) {
+		close(fd);
+		return err_set(err, ENOMEM, errpath, "out of memory");
 	}
+	if (fs_walk_push(w, fd, NULL, -1) < 0) {
+		free(dup);
+		return rm_fail(w, errpath, err);
+	}
+	((struct rm_level *)fs_walk_data(w, w->n - 1))->name = dup;
+	return 0;
+}
+
+static void rm_pop(struct fs_walk *w)
+{
+	free(((struct rm_level *)fs_walk_data(w, w->n - 1))->name);
+	fs_walk_pop(w);
+}
+
+/* One step of the walk: 1 to go on, 0 at the end, -1 with err. */
+static int rm_step(struct fs_walk *w, int dfd, const char *errpath, struct shim_err *err)
+{
+	int got = fs_walk_next(w);
+	if (got < 0)
+		return rm_fail(w, errpath, err);
+	if (got == FS_WALK_END)
+		return 0;
+	int lfd = fs_walk_top(w)->d.fd;
+	struct rm_level *l = fs_walk_data(w, w->n - 1);
+	struct rm_level *up = w->n > 1 ? fs_walk_data(w, w->n - 2) : NULL;
+	if (got == FS_WALK_POST) {
+		if (unlinkat(up != NULL ? fs_walk_up(w)->d.fd : dfd, l->name, AT_REMOVEDIR) < 0) {
+			/* Entries left behind our position: created meanwhile, or skipped
+			 * by a filesystem whose positions are ordinals that shift as
+			 * entries go (tmpfs before Linux 6.6). Read it again while that
+			 * still removes something. */
+			if (errno == ENOTEMPTY && l->removed > 0 && l->passes < 1000) {
+				l->passes++;
+				l->removed = 0;
+				return fs_walk_rewind(w) < 0 ? err_set(err, errno, errpath, "lseek") : 1;
+			}
+			return err_set(err, errno, errpath, "rmdir");
+		}
+		rm_pop(w);
+		if (up != NULL)
+			up->removed++;
+		return 1;
+	}
+	const char *ename = w->name;
+	unsigned char type = w->type;
+	if (type == DT_UNKNOWN) {
+		struct stat st;
+		if (fstatat(lfd, ename, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			return errno == ENOENT ? 1 : err_set(err, errno, errpath, "lstat");
+		type = S_ISDIR(st.st_mode) ? DT_DIR : DT_REG;
+	}
+	if (type != DT_DIR) {
+		if (unlinkat(lfd, ename, 0) < 0)
+			return errno == ENOENT ? 1 : err_set(err, errno, errpath, "unlink");
+		l->removed++;
+		return 1;
+	}
+	int cfd = fs_walk_enter(w, ename, 0);
+	if (cfd < 0)
+		return errno == ENOENT && w->fail == FS_WALK_FAIL_OPEN ? 1 : rm_fail(w, errpath, err);
+	return rm_push(w, cfd, ename, errpath, err) < 0 ? -1 : 1;
 }
 
 int fs_remove_tree(int dfd, const char *name, bool cancellable, const char *errpath, struct shim_err *err)
 {
-	/* An explicit stack rather than recursion: per level a position, the name and
-	 * (for the deepest FS_WALK_OPEN levels) an fd; one entry buffer for the walk. */
-	struct fs_dirbuf *b = malloc(sizeof(*b));
-	struct rm_level *stack = NULL;
-	size_t n = 0, cap = 0;
-	uint64_t mnt = 0;
-	int rc = -1;
-	if (b == NULL) {
-		err_set(err, ENOMEM, errpath, "out of memory");
-		goto out;
-	}
-	b->fd = -1;
+	/* on the walker: never following a symlink, never leaving the mount */
+	struct fs_walk w;
+	if (fs_walk_init(&w, FS_WALK_XDEV | (cancellable ? FS_WALK_CANCEL : 0), sizeof(struct rm_level)) < 0)
+		return err_set(err, ENOMEM, errpath, "out of memory");
+	int rc;
 	int cfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (cfd < 0) {
-		err_set(err, errno, errpath, "open");
-		goto out;
-	}
-	if (mount_of(cfd, &mnt) < 0) {
-		err_set(err, errno, errpath, "statx");
-		close(cfd);
-		goto out;
-	}
-	const char *cname = name;
-	for (;;) {
-		if (cfd >= 0) {
-			/* push the directory just opened */
-			if (n == cap) {
-				size_t ncap = cap ? cap * 2 : 16;
-				struct rm_level *ns = realloc(stack, ncap * sizeof(*ns));
-				if (ns == NULL) {
-					close(cfd);
-					err_set(err, ENOMEM, errpath, "out of memory");
-					goto out;
-				}
-				stack = ns;
-				cap = ncap;
-			}
-			struct stat st;
-			if (fstat(cfd, &st) < 0) {
-				err_set(err, errno, errpath, "stat");
-				close(cfd);
-				goto out;
-			}
-			char *dup = strdup(cname);
-			if (dup == NULL) {
-				close(cfd);
-				err_set(err, ENOMEM, errpath, "out of memory");
-				goto out;
-			}
-			stack[n++] = (struct rm_level){
-				.d = {.fd = cfd, .next = 0}, .dev = st.st_dev, .ino = st.st_ino, .name = dup};
-			cfd = -1;
-			if (n > FS_WALK_OPEN)
-				rm_close(b, &stack[n - 1 - FS_WALK_OPEN]);
-		}
-		if (n == 0)
-			break;
-		if (cancellable && fs_cancel_pending()) {
-			err_set(err, ECANCELED, errpath, "cancelled");
-			goto out;
-		}
-		struct rm_level *l = &stack[n - 1];
-		const char *ename;
-		unsigned char type;
-		int got = fs_dir_next(b, &l->d, &ename, &type);
-		if (got < 0) {
-			err_set(err, errno, errpath, "getdents");
-			goto out;
-		}
-		if (got == 0) {
-			struct rm_level *up = n > 1 ? &stack[n - 2] : NULL;
-			if (up != NULL && up->d.fd < 0 &&
-			    (up->d.fd = fs_dir_reopen_parent(l->d.fd, up->dev, up->ino)) < 0) {
-				err_set(err, errno, errpath, "open ..");
-				goto out;
-			}
-			if (unlinkat(up != NULL ? up->d.fd : dfd, l->name, AT_REMOVEDIR) < 0) {
-				/* Entries left behind our position: created meanwhile, or
-				 * skipped by a filesystem whose positions are ordinals that
-				 * shift as entries go (tmpfs before Linux 6.6). Read it
-				 * again while that still removes something. */
-				if (errno == ENOTEMPTY && l->removed > 0 && l->passes < 1000) {
-					l->passes++;
-					l->removed = 0;
-					if (fs_dir_rewind(b, &l->d) < 0) {
-						err_set(err, errno, errpath, "lseek");
-						goto out;
-					}
-					continue;
-				}
-				err_set(err, errno, errpath, "rmdir");
-				goto out;
-			}
-			rm_close(b, l);
-			free(l->name);
-			n--;
-			if (up != NULL)
-				up->removed++;
-			continue;
-		}
-		if (type == DT_UNKNOWN) {
-			struct stat st;
-			if (fstatat(l->d.fd, ename, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-				if (errno == ENOENT)
-					continue;
-				err_set(err, errno, errpath, "lstat");
-				goto out;
-			}
-			type = S_ISDIR(st.st_mode) ? DT_DIR : DT_REG;
-		}
-		if (type != DT_DIR) {
-			if (unlinkat(l->d.fd, ename, 0) < 0) {
-				if (errno == ENOENT)
-					continue;
-				err_set(err, errno, errpath, "unlink");
-				goto out;
-			}
-			l->removed++;
-			continue;
-		}
-		/* O_NOFOLLOW: a directory swapped for a symlink meanwhile is not entered */
-		cfd = openat(l->d.fd, ename, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (cfd < 0) {
-			if (errno == ENOENT)
-				continue;
-			err_set(err, errno, errpath, "open");
-			goto out;
-		}
-		uint64_t cm;
-		if (mount_of(cfd, &cm) < 0 || cm != mnt) {
-			close(cfd);
-			cfd = -1;
-			err_set(err, EBUSY, errpath, "a mount point below the tree");
-			goto out;
-		}
-		cname = ename;
-	}
-	rc = 0;
-out:
-	while (n > 0) {
-		rm_close(b, &stack[--n]);
-		free(stack[n].name);
-	}
-	free(stack);
-	free(b);
+	if (cfd < 0)
+		rc = err_set(err, errno, errpath, "open");
+	else if (rm_push(&w, cfd, name, errpath, err) < 0)
+		rc = -1;
+	else
+		while ((rc = rm_step(&w, dfd, errpath, err)) > 0)
+			;
+	while (w.n > 0)
+		rm_pop(&w);
+	fs_walk_free(&w);
 	return rc;
 }
 

@@ -1,5 +1,6 @@
 /* op_fs_copy.c: copying a file or a tree (copy_file_range), also behind rename across filesystems. */
 #include "fs.h"
+#include "fs_walk.h"
 #include "fsctx.h"
 #include "ops.h"
 #include "util.h"
@@ -20,10 +21,9 @@ struct copy_ctx {
 	struct fs_copy_stats *stats;
 	const char *spath, *dpath; /* the client's paths, for errors */
 	struct shim_err *err;
-	bool owners;              /* acting as root: keep uid/gid */
-	bool via_link;            /* the source was reached through a symlink: no set-id bits */
-	uint8_t *rwbuf;           /* allocated on first need */
-	struct fs_dirbuf *dirbuf; /* trees only */
+	bool owners;    /* acting as root: keep uid/gid */
+	bool via_link;  /* the source was reached through a symlink: no set-id bits */
+	uint8_t *rwbuf; /* allocated on first need */
 };
 
 static bool same_inode(const struct stat *a, const struct stat *b)
@@ -197,145 +197,91 @@ static int copy_node(struct copy_ctx *c, int sdir, const char *sname, const stru
 
 /* ---- trees ---- */
 
-struct cp_level {
-	struct fs_dirpos s; /* source directory (fd -1 while closed, deep trees) */
-	int dfd;            /* its copy (-1 likewise) */
-	struct stat st;     /* the source's, applied to the copy when it is complete */
-	dev_t ddev;         /* the copy's, to check it when opened again */
-	ino_t dino;
-};
-
-static void cp_close(struct copy_ctx *c, struct cp_level *l)
+/* Open sdir/sname and ddir/dname (just created) as directories, and make them
+ * the walk's deepest level (source, paired with its copy); *st: the source's. */
+static int cp_push(struct copy_ctx *c, struct fs_walk *w, int sdir, const char *sname, int ddir, const char *dname,
+		   struct stat *st)
 {
-	if (l->s.fd >= 0) {
-		fs_dir_forget(c->dirbuf, l->s.fd);
-		close(l->s.fd);
-		l->s.fd = -1;
-	}
-	if (l->dfd >= 0) {
-		close(l->dfd);
-		l->dfd = -1;
-	}
-}
-
-/* Open sdir/sname and ddir/dname (just created) as directories; fill l. */
-static int cp_open(struct copy_ctx *c, int sdir, const char *sname, int ddir, const char *dname, struct cp_level *l)
-{
-	struct stat dst;
-	l->s.next = 0;
-	l->dfd = -1;
-	l->s.fd = openat(sdir, sname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (l->s.fd < 0)
+	int sfd = openat(sdir, sname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (sfd < 0)
 		return err_set(c->err, errno, c->spath, "open");
-	if (fstat(l->s.fd, &l->st) < 0) {
+	if (fstat(sfd, st) < 0) {
 		err_set(c->err, errno, c->spath, "stat");
-		cp_close(c, l);
+		close(sfd);
 		return -1;
 	}
-	l->dfd = openat(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (l->dfd < 0 || fstat(l->dfd, &dst) < 0) {
+	int dfd = openat(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
 		err_set(c->err, errno, c->dpath, "open");
-		cp_close(c, l);
+		close(sfd);
 		return -1;
 	}
-	l->ddev = dst.st_dev;
-	l->dino = dst.st_ino;
+	if (fs_walk_push(w, sfd, st, dfd) < 0)
+		return err_set(c->err, errno, w->fail == FS_WALK_FAIL_MEMORY ? c->spath : c->dpath,
+			       w->fail == FS_WALK_FAIL_MEMORY ? "out of memory" : "open");
 	return 0;
 }
 
+/* One step of copy_tree: 1 to go on, 0 at the end, -1 with err. */
+static int cp_step(struct copy_ctx *c, struct fs_walk *w)
+{
+	int got = fs_walk_next(w);
+	if (got == FS_WALK_END)
+		return 0;
+	if (got < 0) {
+		if (w->fail == FS_WALK_FAIL_CANCEL)
+			return err_set(c->err, ECANCELED, c->dpath, "cancelled");
+		if (w->fail == FS_WALK_FAIL_PAIRED)
+			return err_set(c->err, errno, c->dpath, "open ..");
+		return err_set(c->err, errno, c->spath, "%s", w->fail == FS_WALK_FAIL_REOPEN ? "open .." : "getdents");
+	}
+	struct fs_walk_level *l = fs_walk_top(w);
+	if (got == FS_WALK_POST) {
+		/* complete: now its mode (maybe read-only) and times */
+		if (set_meta(c, l->pfd, fs_walk_data(w, w->n - 1)) < 0)
+			return -1;
+		fs_walk_pop(w);
+		return 1;
+	}
+	const char *name = w->name;
+	struct stat st;
+	if (fstatat(l->d.fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno == ENOENT)
+			return 1; /* gone meanwhile */
+		return err_set(c->err, errno, c->spath, "lstat");
+	}
+	if (!S_ISDIR(st.st_mode))
+		return copy_node(c, l->d.fd, name, &st, l->pfd, name, false) < 0 ? -1 : 1;
+	/* 0700 while it fills, whatever the source's mode */
+	if (mkdirat(l->pfd, name, 0700) < 0)
+		return err_set(c->err, errno, c->dpath, "mkdir");
+	c->stats->entries++;
+	if (cp_push(c, w, l->d.fd, name, l->pfd, name, &st) < 0)
+		return -1;
+	*(struct stat *)fs_walk_data(w, w->n - 1) = st;
+	return 1;
+}
+
 /* Everything below the source directory sdir/sname into the new, empty directory
- * ddir/dname, then its own metadata. A walk with an explicit stack: per level a
- * position, a struct stat and (the deepest FS_WALK_OPEN levels) two fds; one entry
- * buffer for the whole walk. */
+ * ddir/dname, then its own metadata: on the walker, each level of the source
+ * paired with its copy, the source's struct stat as the level's data. */
 static int copy_tree(struct copy_ctx *c, int sdir, const char *sname, const struct stat *top, int ddir,
 		     const char *dname)
 {
-	struct cp_level *stack = malloc(16 * sizeof(*stack));
-	size_t n = 0, cap = 16;
-	int rc = -1;
-	if (stack == NULL)
+	struct fs_walk w;
+	if (fs_walk_init(&w, FS_WALK_CANCEL, sizeof(struct stat)) < 0)
 		return err_set(c->err, ENOMEM, c->spath, "out of memory");
-	if (cp_open(c, sdir, sname, ddir, dname, &stack[0]) < 0)
-		goto out;
-	n = 1;
-	if (!same_inode(&stack[0].st, top)) {
-		err_set(c->err, EAGAIN, c->spath, "source changed while being copied");
-		goto out;
+	struct stat st;
+	int rc = cp_push(c, &w, sdir, sname, ddir, dname, &st);
+	if (rc == 0) {
+		*(struct stat *)fs_walk_data(&w, 0) = st;
+		if (!same_inode(&st, top))
+			rc = err_set(c->err, EAGAIN, c->spath, "source changed while being copied");
 	}
-	while (n > 0) {
-		if (fs_cancel_pending()) {
-			err_set(c->err, ECANCELED, c->dpath, "cancelled");
-			goto out;
-		}
-		struct cp_level *l = &stack[n - 1];
-		const char *name;
-		unsigned char type;
-		int got = fs_dir_next(c->dirbuf, &l->s, &name, &type);
-		if (got < 0) {
-			err_set(c->err, errno, c->spath, "getdents");
-			goto out;
-		}
-		if (got == 0) {
-			/* complete: now its mode (maybe read-only) and times */
-			if (set_meta(c, l->dfd, &l->st) < 0)
-				goto out;
-			struct cp_level *up = n > 1 ? &stack[n - 2] : NULL;
-			if (up != NULL && up->s.fd < 0) {
-				up->s.fd = fs_dir_reopen_parent(l->s.fd, up->st.st_dev, up->st.st_ino);
-				if (up->s.fd < 0) {
-					err_set(c->err, errno, c->spath, "open ..");
-					goto out;
-				}
-				up->dfd = fs_dir_reopen_parent(l->dfd, up->ddev, up->dino);
-				if (up->dfd < 0) {
-					err_set(c->err, errno, c->dpath, "open ..");
-					goto out;
-				}
-			}
-			cp_close(c, l);
-			n--;
-			continue;
-		}
-		(void)type;
-		struct stat st;
-		if (fstatat(l->s.fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			if (errno == ENOENT)
-				continue; /* gone meanwhile */
-			err_set(c->err, errno, c->spath, "lstat");
-			goto out;
-		}
-		if (!S_ISDIR(st.st_mode)) {
-			if (copy_node(c, l->s.fd, name, &st, l->dfd, name, false) < 0)
-				goto out;
-			continue;
-		}
-		/* 0700 while it fills, whatever the source's mode */
-		if (mkdirat(l->dfd, name, 0700) < 0) {
-			err_set(c->err, errno, c->dpath, "mkdir");
-			goto out;
-		}
-		c->stats->entries++;
-		if (n == cap) {
-			struct cp_level *ns = realloc(stack, cap * 2 * sizeof(*ns));
-			if (ns == NULL) {
-				err_set(c->err, ENOMEM, c->spath, "out of memory");
-				goto out;
-			}
-			stack = ns;
-			cap *= 2;
-			l = &stack[n - 1];
-		}
-		if (cp_open(c, l->s.fd, name, l->dfd, name, &stack[n]) < 0)
-			goto out;
-		n++;
-		if (n > FS_WALK_OPEN)
-			cp_close(c, &stack[n - 1 - FS_WALK_OPEN]);
-	}
-	rc = 0;
-out:
-	while (n > 0)
-		cp_close(c, &stack[--n]);
-	free(stack);
+	if (rc == 0)
+		while ((rc = cp_step(c, &w)) > 0)
+			;
+	fs_walk_free(&w);
 	return rc;
 }
 
@@ -415,15 +361,8 @@ int fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, i
 	if (dir) {
 		if (check_not_below(&c, ddfd, st) < 0)
 			return -1;
-		c.dirbuf = malloc(sizeof(*c.dirbuf));
-		if (c.dirbuf == NULL)
-			return err_set(err, ENOMEM, spath, "out of memory");
-		c.dirbuf->fd = -1;
-		if (mkdirat(ddfd, tmp, 0700) < 0) {
-			err_set(err, errno, dpath, "mkdir");
-			free(c.dirbuf);
-			return -1;
-		}
+		if (mkdirat(ddfd, tmp, 0700) < 0)
+			return err_set(err, errno, dpath, "mkdir");
 		stats->entries++;
 		if (copy_tree(&c, sdfd, sname, st, ddfd, tmp) < 0)
 			goto fail;
@@ -470,7 +409,6 @@ fail:
 		unlinkat(ddfd, tmp, 0);
 	}
 out:
-	free(c.dirbuf);
 	free(c.rwbuf);
 	return rc;
 }

@@ -2,6 +2,7 @@
 #include "budget.h"
 #include "conn.h"
 #include "fs.h"
+#include "fs_walk.h"
 #include "fsctx.h"
 #include "ops.h"
 #include "util.h"
@@ -12,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 /*
@@ -23,11 +23,11 @@
  * Memory: the walk runs on a worker in batches of about LIST_BATCH bytes of encoded
  * entries. The loop sends a batch as credit allows and submits the next batch job
  * only once the previous one is queued on the connection, so at most one batch (plus
- * the getdents buffers of the open levels) is held, whatever the directory's size.
+ * the walk's one getdents buffer) is held, whatever the directory's size.
  *
  * Recursion is depth-first (an entry, then what is below it, then its next sibling),
- * with one open directory fd per level, at most LIST_MAX_LEVELS of them. A tree
- * deeper than that fails with ELOOP rather than being silently cut short. Symlinks
+ * on the walker (fs_walk.h), at most LIST_MAX_LEVELS levels. A tree deeper than
+ * that fails with ELOOP rather than being silently cut short. Symlinks
  * are reported as symlinks (lstat, with their target); with follow_symlinks, a
  * symlink to a directory is also descended into, except when that directory is
  * already on the current path (device and inode), which stops loops such as a -> ..
@@ -45,24 +45,10 @@
 #define LIST_ENTRY_MAX (2u * PATH_MAX + 512u)
 #define LIST_MAX_LEVELS 256
 #define LIST_OUT (LIST_BATCH + LIST_ENTRY_MAX)
-#define LIST_DENTS_TOP (32u << 10)
-#define LIST_DENTS_SUB (4u << 10)
 
-struct dirent64_raw {
-	uint64_t d_ino;
-	int64_t d_off;
-	unsigned short d_reclen;
-	unsigned char d_type;
-	char d_name[];
-};
-
+/* A level's data on the walker: bytes of lister.rel that prefix its entries ("a/b/"). */
 struct level {
-	int fd;
-	dev_t dev;
-	ino_t ino;
-	size_t rel_len; /* bytes of lister.rel that prefix this level's entries ("a/b/") */
-	uint8_t *buf;   /* getdents64 buffer (8-byte aligned, from malloc) */
-	size_t cap, len, pos;
+	size_t rel_len;
 };
 
 struct lister {
@@ -77,11 +63,7 @@ struct lister {
 	size_t base_len;   /* path.abs without trailing slashes ("/" -> 0) */
 	unsigned depth;    /* 0: unlimited */
 	bool follow, hidden;
-	struct level lv[LIST_MAX_LEVELS];
-	unsigned nlv;
-	/* the levels' getdents buffers: what they are now (changed by the job, read on
-	 * the loop once it is back) and what the daemon's budget counts of them */
-	size_t dents_held, dents_counted;
+	struct fs_walk walk; /* levels of struct level */
 	char rel[PATH_MAX];
 	uint8_t *out; /* the batch: LIST_BATCH + LIST_ENTRY_MAX bytes */
 	size_t out_len, out_sent;
@@ -90,38 +72,20 @@ struct lister {
 	struct shim_err err;
 };
 
-static void level_close(struct lister *ls, struct level *l)
-{
-	if (l->fd >= 0)
-		close(l->fd);
-	l->fd = -1;
-	if (l->buf != NULL)
-		ls->dents_held -= l->cap;
-	free(l->buf);
-	l->buf = NULL;
-}
+/* What a listing holds from its start, counted in the daemon's budget: its state,
+ * its batch buffer, the walk's getdents buffer and (at their largest) its levels. */
+#define LIST_HELD                                                      \
+	(sizeof(struct lister) + LIST_OUT + sizeof(struct fs_dirbuf) + \
+	 LIST_MAX_LEVELS * (sizeof(struct fs_walk_level) + sizeof(struct level)))
 
-/* What a listing holds from its start, counted in the daemon's budget: its state and
- * its batch buffer. The levels' getdents buffers (32 kB for the top, 4 kB for each
- * level below, up to LIST_MAX_LEVELS) are counted as they come and go, each time a job
- * is back on the loop (list_count): at most about 1 MiB ahead of the count. */
-#define LIST_HELD (sizeof(struct lister) + LIST_OUT)
-
-/* On the loop: the budget counts what the levels' buffers are now. */
-static void list_count(struct lister *l)
+static struct level *top_of(struct lister *l)
 {
-	if (l->dents_held > l->dents_counted)
-		budget_take(l->dents_held - l->dents_counted);
-	else
-		budget_give(l->dents_counted - l->dents_held);
-	l->dents_counted = l->dents_held;
+	return fs_walk_data(&l->walk, l->walk.n - 1);
 }
 
 static void list_free(struct lister *l)
 {
-	while (l->nlv > 0)
-		level_close(l, &l->lv[--l->nlv]);
-	budget_give(l->dents_counted);
+	fs_walk_free(&l->walk);
 	budget_free(l->out, LIST_OUT);
 	free(l);
 	budget_give(LIST_HELD);
@@ -131,8 +95,7 @@ static void list_free(struct lister *l)
  * that level's directory itself when name is NULL. For error messages. */
 static const char *abs_of(struct lister *l, const char *name, char *buf, size_t size)
 {
-	const struct level *top = &l->lv[l->nlv - 1];
-	size_t rl = top->rel_len;
+	size_t rl = top_of(l)->rel_len;
 	if (name == NULL && rl > 0)
 		rl--; /* "a/b/" -> "a/b" */
 	if (name == NULL && rl == 0)
@@ -159,43 +122,32 @@ static size_t put_varint(uint8_t *p, uint64_t v)
 	return n;
 }
 
-static int push_level(struct lister *l, int fd, const struct stat *st, size_t rel_len)
+/* Make fd the deepest level; linked: entered through a symlink (its ".." is not
+ * the level above, which must then stay open). */
+static int push_level(struct lister *l, int fd, const struct stat *st, size_t rel_len, bool linked)
 {
-	struct level *n = &l->lv[l->nlv];
-	memset(n, 0, sizeof(*n));
-	n->fd = fd;
-	n->dev = st->st_dev;
-	n->ino = st->st_ino;
-	n->rel_len = rel_len;
-	n->cap = l->nlv == 0 ? LIST_DENTS_TOP : LIST_DENTS_SUB;
-	n->buf = malloc(n->cap);
-	if (n->buf == NULL) {
-		close(fd);
-		return err_set(&l->err, ENOMEM, NULL, "out of memory");
-	}
-	l->dents_held += n->cap;
-	l->nlv++;
+	if (fs_walk_push(&l->walk, fd, st, -1) < 0)
+		return err_set(&l->err, errno, NULL, "%s", errno == ENOMEM ? "out of memory" : "stat");
+	fs_walk_top(&l->walk)->linked = linked;
+	top_of(l)->rel_len = rel_len;
 	return 0;
 }
 
 /* Open the listed directory (first job). */
 static int list_open(struct lister *l)
 {
-	int cleanup_close fd = fs_open(&l->path, O_RDONLY | O_DIRECTORY, 0, &l->err);
+	int fd = fs_open(&l->path, O_RDONLY | O_DIRECTORY, 0, &l->err);
 	if (fd < 0)
 		return -1;
-	struct stat st;
-	if (fstat(fd, &st) < 0)
-		return err_set(&l->err, errno, l->path.abs, "stat");
-	return push_level(l, steal_fd(fd), &st, 0);
+	return push_level(l, fd, NULL, 0, false);
 }
 
 /* Should we descend into the entry just listed, and if so, open it. Returns an fd,
  * -2 for "no", or -1 with l->err set. */
 static int open_child(struct lister *l, const char *name, size_t name_len, const struct stat *st, struct stat *dst)
 {
-	struct level *top = &l->lv[l->nlv - 1];
-	if (l->depth != 0 && l->nlv >= l->depth)
+	struct level *top = top_of(l);
+	if (l->depth != 0 && l->walk.n >= l->depth)
 		return -2;
 	bool is_link = S_ISLNK(st->st_mode);
 	if (!S_ISDIR(st->st_mode) && !(is_link && l->follow))
@@ -203,7 +155,7 @@ static int open_child(struct lister *l, const char *name, size_t name_len, const
 	int fd;
 	if (!is_link) {
 		/* one component, no symlink followed: cannot leave the tree (nor --root) */
-		fd = openat(top->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		fd = fs_walk_enter(&l->walk, name, 0);
 	} else {
 		/* Follow through the confined resolver: the link may point anywhere, and
 		 * with --root "anywhere" must still be beneath the root. */
@@ -231,13 +183,11 @@ static int open_child(struct lister *l, const char *name, size_t name_len, const
 	}
 	/* a directory already on the path (a symlink loop, or a bind mount of an
 	 * ancestor): listed, not entered */
-	for (unsigned i = 0; i < l->nlv; i++) {
-		if (l->lv[i].dev == dst->st_dev && l->lv[i].ino == dst->st_ino) {
-			close(fd);
-			return -2;
-		}
+	if (fs_walk_on_path(&l->walk, dst->st_dev, dst->st_ino)) {
+		close(fd);
+		return -2;
 	}
-	if (l->nlv >= LIST_MAX_LEVELS) {
+	if (l->walk.n >= LIST_MAX_LEVELS) {
 		close(fd);
 		return fail_at(l, ELOOP, name, "directory tree deeper than 256 levels");
 	}
@@ -247,12 +197,13 @@ static int open_child(struct lister *l, const char *name, size_t name_len, const
 /* One entry of the top level: lstat it, encode it, maybe descend. 0, or -1 with err. */
 static int list_entry(struct lister *l, const char *name)
 {
-	struct level *top = &l->lv[l->nlv - 1];
+	struct level *top = top_of(l);
+	int tfd = fs_walk_top(&l->walk)->d.fd;
 	size_t name_len = strlen(name);
 	if (top->rel_len + name_len + 1 >= sizeof(l->rel))
 		return fail_at(l, ENAMETOOLONG, name, "path too long");
 	struct stat st;
-	if (fstatat(top->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+	if (fstatat(tfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 		if (errno == ENOENT)
 			return 0; /* removed since readdir */
 		return fail_at(l, errno, name, "lstat");
@@ -260,7 +211,7 @@ static int list_entry(struct lister *l, const char *name)
 	char target[PATH_MAX + 1];
 	ssize_t tlen = -1;
 	if (S_ISLNK(st.st_mode)) {
-		tlen = readlinkat(top->fd, name, target, sizeof(target));
+		tlen = readlinkat(tfd, name, target, sizeof(target));
 		if (tlen < 0) {
 			if (errno == ENOENT)
 				return 0;
@@ -289,8 +240,9 @@ static int list_entry(struct lister *l, const char *name)
 	if (fd == -1)
 		return -1;
 	if (fd >= 0) {
-		l->rel[top->rel_len + name_len] = '/';
-		if (push_level(l, fd, &dst, top->rel_len + name_len + 1) < 0)
+		size_t rel_len = top->rel_len + name_len + 1;
+		l->rel[rel_len - 1] = '/';
+		if (push_level(l, fd, &dst, rel_len, S_ISLNK(st.st_mode)) < 0)
 			return -1;
 	}
 	return 0;
@@ -307,31 +259,20 @@ static int list_batch(struct lister *l)
 	while (l->out_len < LIST_BATCH) {
 		if (worker_cancelled(&l->work))
 			return -1; /* nobody reads the result */
-		if (l->nlv == 0) {
+		int got = fs_walk_next(&l->walk);
+		if (got == FS_WALK_END) {
 			l->finished = true;
 			return 0;
 		}
-		struct level *top = &l->lv[l->nlv - 1];
-		if (top->pos >= top->len) {
-			long n = syscall(SYS_getdents64, top->fd, top->buf, top->cap);
-			if (n < 0) {
-				if (errno == EINTR)
-					continue;
-				return fail_at(l, errno, NULL, "read directory");
-			}
-			if (n == 0) {
-				level_close(l, top);
-				l->nlv--;
-				continue;
-			}
-			top->len = (size_t)n;
-			top->pos = 0;
-		}
-		const struct dirent64_raw *d = (const void *)(top->buf + top->pos);
-		top->pos += d->d_reclen;
-		const char *name = d->d_name;
-		if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+		if (got < 0)
+			return fail_at(l, errno, NULL,
+				       l->walk.fail == FS_WALK_FAIL_REOPEN ? "open the directory again" :
+									     "read directory");
+		if (got == FS_WALK_POST) {
+			fs_walk_pop(&l->walk);
 			continue;
+		}
+		const char *name = l->walk.name;
 		if (name[0] == '.' && !l->hidden)
 			continue;
 		if (list_entry(l, name) < 0)
@@ -353,8 +294,8 @@ static void list_run(struct work *w)
 	else
 		l->rc = list_batch(l);
 	if (l->rc < 0) {
-		while (l->nlv > 0)
-			level_close(l, &l->lv[--l->nlv]);
+		while (l->walk.n > 0)
+			fs_walk_pop(&l->walk);
 	}
 }
 
@@ -364,7 +305,6 @@ static void list_done(struct work *w)
 {
 	struct lister *l = container_of(w, struct lister, work);
 	l->busy = false;
-	list_count(l);
 	struct stream *st = l->st;
 	if (st == NULL) {
 		list_free(l);
@@ -447,7 +387,7 @@ int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 		return -1;
 	}
 	l->out = budget_alloc(LIST_OUT);
-	if (l->out == NULL) {
+	if (l->out == NULL || fs_walk_init(&l->walk, 0, sizeof(struct level)) < 0) {
 		list_free(l);
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}

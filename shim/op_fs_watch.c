@@ -2,6 +2,7 @@
 #include "budget.h"
 #include "conn.h"
 #include "fs.h"
+#include "fs_walk.h"
 #include "fsctx.h"
 #include "log.h"
 #include "ops.h"
@@ -16,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 /*
@@ -68,14 +68,11 @@
 #define WATCH_MOVES_MAX 64
 #define WATCH_MAX_LEVELS 256
 #define WATCH_READ_ROUNDS 16
-#define WATCH_DENTS 4096
 
-struct dirent64_raw {
-	uint64_t d_ino;
-	int64_t d_off;
-	unsigned short d_reclen;
-	unsigned char d_type;
-	char d_name[];
+/* A level of a walk (fs_walk.h): the directory's absolute path. */
+struct wlevel {
+	char *path;
+	size_t len;
 };
 
 /* wd -> absolute path */
@@ -540,87 +537,124 @@ static void syn_add(struct watcher *w, const char *path, size_t len, bool is_dir
 	w->syn_len += need;
 }
 
-/* Watch every directory below dfd (which is watched already), depth first. synth:
- * report what is found as CREATE events. strict: a directory that cannot be watched
- * fails the job (the first walk); otherwise it is skipped and OVERFLOW reported.
- * Takes dfd. 0, or -1 with w->err. */
-static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool synth, bool strict, unsigned level)
+static int wl_push(struct fs_walk *wk, int fd, char *path, size_t len, struct shim_err *err)
 {
-	int cleanup_close fd = dfd;
-	uint8_t *cleanup_free buf = malloc(WATCH_DENTS);
-	if (buf == NULL)
-		return err_set(&w->err, ENOMEM, NULL, "out of memory");
-	for (;;) {
-		if (worker_cancelled(&w->work))
-			return 0;
-		long n = syscall(SYS_getdents64, fd, buf, WATCH_DENTS);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			if (strict)
-				return err_set(&w->err, errno, path, "read directory");
-			w->syn_overflow = true;
-			return 0;
-		}
-		if (n == 0)
-			return 0;
-		for (long off = 0; off < n;) {
-			const struct dirent64_raw *d = (const void *)(buf + off);
-			off += d->d_reclen;
-			const char *name = d->d_name;
-			if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
-				continue;
-			bool is_dir = d->d_type == DT_DIR;
-			if (d->d_type == DT_UNKNOWN) {
-				struct stat st;
-				if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-					continue;
-				is_dir = S_ISDIR(st.st_mode);
-			}
-			size_t nlen = strlen(name);
-			size_t clen = (plen == 1 ? 0 : plen) + 1 + nlen;
-			char *cleanup_free child = malloc(clen + 1);
-			if (child == NULL)
-				return err_set(&w->err, ENOMEM, NULL, "out of memory");
-			snprintf(child, clen + 1, "%s/%s", plen == 1 ? "" : path, name);
-			if (synth)
-				syn_add(w, child, clen, is_dir);
-			if (!is_dir)
-				continue;
-			if (level + 1 >= WATCH_MAX_LEVELS) {
-				if (strict)
-					return err_set(&w->err, ELOOP, child, "directory tree deeper than 256 levels");
-				w->syn_overflow = true;
-				continue;
-			}
-			if (w->capped)
-				return 0;
-			int cfd = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			int wd = cfd < 0 ? -1 : add_watch_capped(w, cfd);
-			if (wd < 0) {
-				int e = errno;
-				if (cfd >= 0)
-					close(cfd);
-				if (cfd >= 0 && e == EDQUOT) {
-					watch_capped(w);
-					return 0;
-				}
-				if (e == ENOENT || e == ENOTDIR || e == ELOOP)
-					continue; /* gone or replaced meanwhile */
-				if (strict)
-					return watch_errno(&w->err, e, child,
-							   cfd < 0 ? "open directory" : "inotify_add_watch");
-				w->syn_overflow = true;
-				continue;
-			}
-			if (map_put_new(w, wd, child, clen) < 0) {
-				close(cfd);
-				return err_set(&w->err, ENOMEM, NULL, "out of memory");
-			}
-			if (walk(w, cfd, child, clen, synth, strict, level + 1) < 0)
-				return -1;
-		}
+	if (fs_walk_push(wk, fd, NULL, -1) < 0) {
+		free(path);
+		return err_set(err, errno, NULL, "%s", errno == ENOMEM ? "out of memory" : "stat");
 	}
+	*(struct wlevel *)fs_walk_data(wk, wk->n - 1) = (struct wlevel){.path = path, .len = len};
+	return 0;
+}
+
+static void wl_pop(struct fs_walk *wk)
+{
+	free(((struct wlevel *)fs_walk_data(wk, wk->n - 1))->path);
+	fs_walk_pop(wk);
+}
+
+/* One step of walk(): 1 to go on, 0 at the end, -1 with w->err. */
+static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool strict, unsigned base)
+{
+	if (worker_cancelled(&w->work))
+		return 0;
+	int got = fs_walk_next(wk);
+	if (got == FS_WALK_END)
+		return 0;
+	struct wlevel *l = fs_walk_data(wk, wk->n - 1);
+	if (got < 0 && wk->fail == FS_WALK_FAIL_REOPEN) {
+		/* the level above cannot be read on (moved meanwhile): nor the walk */
+		if (strict)
+			return err_set(&w->err, errno, ((struct wlevel *)fs_walk_data(wk, wk->n - 2))->path,
+				       "open the directory again");
+		w->syn_overflow = true;
+		return 0;
+	}
+	if (got < 0) {
+		if (strict)
+			return err_set(&w->err, errno, l->path, "read directory");
+		w->syn_overflow = true;
+		wl_pop(wk);
+		return 1;
+	}
+	if (got == FS_WALK_POST) {
+		wl_pop(wk);
+		return 1;
+	}
+	const char *name = wk->name;
+	bool is_dir = wk->type == DT_DIR;
+	if (wk->type == DT_UNKNOWN) {
+		struct stat st;
+		if (fstatat(fs_walk_top(wk)->d.fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			return 1;
+		is_dir = S_ISDIR(st.st_mode);
+	}
+	size_t nlen = strlen(name);
+	size_t clen = (l->len == 1 ? 0 : l->len) + 1 + nlen;
+	char *cleanup_free child = malloc(clen + 1);
+	if (child == NULL)
+		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+	snprintf(child, clen + 1, "%s/%s", l->len == 1 ? "" : l->path, name);
+	if (synth)
+		syn_add(w, child, clen, is_dir);
+	if (!is_dir)
+		return 1;
+	if (base + wk->n >= WATCH_MAX_LEVELS) {
+		if (strict)
+			return err_set(&w->err, ELOOP, child, "directory tree deeper than 256 levels");
+		w->syn_overflow = true;
+		return 1;
+	}
+	if (w->capped) {
+		wl_pop(wk); /* its other subdirectories cannot be watched either */
+		return 1;
+	}
+	int cfd = fs_walk_enter(wk, name, 0);
+	int wd = cfd < 0 ? -1 : add_watch_capped(w, cfd);
+	if (wd < 0) {
+		int e = errno;
+		if (cfd >= 0)
+			close(cfd);
+		if (cfd >= 0 && e == EDQUOT) {
+			watch_capped(w);
+			wl_pop(wk);
+			return 1;
+		}
+		if (e == ENOENT || e == ENOTDIR || e == ELOOP)
+			return 1; /* gone or replaced meanwhile */
+		if (strict)
+			return watch_errno(&w->err, e, child, cfd < 0 ? "open directory" : "inotify_add_watch");
+		w->syn_overflow = true;
+		return 1;
+	}
+	if (map_put_new(w, wd, child, clen) < 0) {
+		close(cfd);
+		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+	}
+	return wl_push(wk, cfd, steal_ptr(child), clen, &w->err) < 0 ? -1 : 1;
+}
+
+/* Watch every directory below dfd (which is watched already; at depth base), depth
+ * first, on the walker. synth: report what is found as CREATE events. strict: a
+ * directory that cannot be watched fails the job (the first walk); otherwise it is
+ * skipped and OVERFLOW reported. Takes dfd. 0, or -1 with w->err. */
+static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool synth, bool strict, unsigned base)
+{
+	struct fs_walk wk;
+	char *top = strndup(path, plen);
+	if (top == NULL || fs_walk_init(&wk, 0, sizeof(struct wlevel)) < 0) {
+		free(top);
+		close(dfd);
+		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+	}
+	int rc = wl_push(&wk, dfd, top, plen, &w->err);
+	if (rc == 0)
+		while ((rc = walk_step(w, &wk, synth, strict, base)) > 0)
+			;
+	while (wk.n > 0)
+		wl_pop(&wk);
+	fs_walk_free(&wk);
+	return rc;
 }
 
 /* The first job: the inotify instance, the watched path, and with -r the tree. */
