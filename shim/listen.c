@@ -274,13 +274,18 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		struct shim_err e;
 		/* Before HELLO a peer is a stranger: it takes one of its listener's
 		 * --max-pending, not one of the --max-connections (conn_admit(), at HELLO),
-		 * so strangers on one listener never lock out the clients of another. */
-		if (l->n_pending >= s->cfg.max_pending) {
+		 * so strangers on one listener never lock out the clients of another. A
+		 * unix socket's peers got past its mode and the peer-credential check: a
+		 * host's burst of clients there may be as large as --max-connections. */
+		unsigned pending_max = s->cfg.max_pending;
+		if (l->kind == LISTEN_UNIX && s->cfg.max_connections > pending_max)
+			pending_max = s->cfg.max_connections;
+		if (l->n_pending >= pending_max) {
 			listen_log_refusal(s,
 					   "refusing a connection on %s: too many connections before HELLO (limit %u)",
-					   l->addr, s->cfg.max_pending);
+					   l->addr, pending_max);
 			err_set(&e, EAGAIN, NULL, "too many connections before HELLO on this listener (limit %u)",
-				s->cfg.max_pending);
+				pending_max);
 			refuse(fd, &e);
 			continue;
 		}

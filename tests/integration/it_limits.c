@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -355,6 +356,46 @@ static void wait_connections(struct sbx_client *c, unsigned n)
 	}
 }
 
+/* A silent unix connection to path. */
+static int unix_connect_raw(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(fd >= 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	CHECK(strlen(path) < sizeof(sa.sun_path));
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	CHECKF(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect: %s", strerror(errno));
+	return fd;
+}
+
+/* A unix socket's peers passed its mode and the credential check: a host's burst of
+ * them before HELLO may be as large as --max-connections, whatever --max-pending
+ * (which is for strangers on TCP and vsock) says. */
+static int case_unix_burst(void)
+{
+	const char *sock = it_path("s");
+	struct it_daemon *d = it_daemon_start("shim", "--listen", it_unix_target(sock), "--max-pending", "2",
+					      "--max-connections", "16", NULL);
+	int fds[10];
+	for (int i = 0; i < 10; i++)
+		fds[i] = unix_connect_raw(sock);
+	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	wait_connections(c, 11);
+	for (int i = 0; i < 10; i++) {
+		struct pollfd p = {.fd = fds[i], .events = POLLIN};
+		CHECKF(poll(&p, 1, 0) == 0, "silent unix connection %d was refused", i);
+	}
+	/* and each of them can still complete its HELLO */
+	for (int i = 0; i < 10; i++)
+		close(fds[i]);
+	struct sbx_error err;
+	CHECK_SBX(sbx_ping(c, NULL, NULL, &err), &err);
+	sbx_client_close(c);
+	it_daemon_stop(d);
+	printf("  10 silent unix peers with --max-pending 2: none refused, the 11th admitted\n");
+	return 0;
+}
+
 /* Eight silent TCP peers and --max-connections 8: the unix socket's clients are still
  * admitted (strangers take their listener's pre-HELLO budget, not the admitted one);
  * the ninth stranger on TCP is refused at accept; the admitted budget is checked at
@@ -508,6 +549,7 @@ int main(int argc, char **argv)
 		{"nofile_raise", case_nofile_raise},
 		{"emfile", case_emfile},
 		{"strangers", case_strangers},
+		{"unix_burst", case_unix_burst},
 		{"handshake_tcp", case_handshake_tcp},
 		{"max_pending_bad", case_max_pending_bad},
 	};

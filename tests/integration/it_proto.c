@@ -482,9 +482,10 @@ static void refusals_limits(void)
 	expect_refusal(fd, "too many connections (limit N)", "too many connections (limit 1)");
 	close(held);
 
-	/* one connection before HELLO per listener */
+	/* one connection before HELLO per listener (on a unix socket the budget is as large as
+	 * --max-connections: both 1 here) */
 	sock = it_path("pend");
-	it_daemon_start("pend", "--listen", it_unix_target(sock), "--max-pending", "1", NULL);
+	it_daemon_start("pend", "--listen", it_unix_target(sock), "--max-pending", "1", "--max-connections", "1", NULL);
 	held = raw_connect_unix(sock);
 	fd = raw_connect_unix(sock);
 	expect_refusal(fd, "too many connections before HELLO on this listener (limit N)",
