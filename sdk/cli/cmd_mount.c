@@ -247,12 +247,13 @@ int cmd_mount(struct ctx *ctx, int argc, char **argv)
 
 	struct sbx_client *c;
 	if ((rc = open_client(ctx, 0, &c)) == EXIT_OK) {
-		struct sbx_mount_record rec;
+		struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 		struct sbx_error err;
 		if (sbx_mount(c, NULL, argv[optind], argv[optind + 1], &mo, &rec, &err) < 0)
 			rc = fail(&err, NULL);
 		else
 			print_record(ctx, &rec);
+		sbx_mount_record_free(&rec);
 		sbx_client_close(c);
 	}
 	explicit_bzero(cr, sizeof(*cr));
@@ -271,7 +272,7 @@ int cmd_mounts(struct ctx *ctx, int argc, char **argv)
 	struct sbx_client *c;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	struct sbx_mount_record *v = NULL;
+	struct sbx_mount_record **v = NULL;
 	size_t n = 0;
 	struct sbx_error err;
 	if (sbx_mounts_list(c, NULL, &v, &n, &err) < 0) {
@@ -279,7 +280,7 @@ int cmd_mounts(struct ctx *ctx, int argc, char **argv)
 	} else if (ctx->json) {
 		printf("[");
 		for (size_t i = 0; i < n; i++) {
-			char *j = sbx_mount_record_json(&v[i]);
+			char *j = sbx_mount_record_json(v[i]);
 			printf("%s%s", i ? "," : "", j ? j : "null");
 			free(j);
 		}
@@ -287,11 +288,11 @@ int cmd_mounts(struct ctx *ctx, int argc, char **argv)
 	} else {
 		printf("%-36s  %-10s  %-7s  %-24s  %s\n", "ID", "STATE", "PID", "PATH", "BUCKET");
 		for (size_t i = 0; i < n; i++) {
-			printf("%-36s  %-10s  %-7u  %-24s  %s%s%s%s\n", v[i].id, sbx_mount_state_name(v[i].state),
-			       v[i].rclone_pid, v[i].path, v[i].bucket, v[i].prefix[0] ? "/" : "", v[i].prefix,
-			       v[i].read_only ? " (read-only)" : "");
-			if (v[i].error[0])
-				printf("  error: %s\n", v[i].error);
+			printf("%-36s  %-10s  %-7u  %-24s  %s%s%s%s\n", v[i]->id, sbx_mount_state_name(v[i]->state),
+			       v[i]->rclone_pid, v[i]->path, v[i]->bucket, v[i]->prefix[0] ? "/" : "", v[i]->prefix,
+			       v[i]->read_only ? " (read-only)" : "");
+			if (v[i]->error[0])
+				printf("  error: %s\n", v[i]->error);
 		}
 	}
 	sbx_mounts_free(v);
@@ -330,12 +331,13 @@ int cmd_unmount(struct ctx *ctx, int argc, char **argv)
 	struct sbx_client *c;
 	if ((rc = open_client(ctx, 0, &c)) != EXIT_OK)
 		return rc;
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	if (sbx_unmount(c, NULL, argv[optind], &uo, &rec, &err) < 0)
 		rc = fail(&err, NULL);
 	else if (ctx->json)
 		print_record(ctx, &rec);
+	sbx_mount_record_free(&rec);
 	sbx_client_close(c);
 	return rc;
 }

@@ -204,7 +204,7 @@ int cmd_tunnels(struct ctx *ctx, int argc, char **argv)
 		sbx_client_close(c);
 		return rc;
 	}
-	struct sbx_tunnel_info *v;
+	struct sbx_tunnel_info **v;
 	size_t n;
 	if (sbx_tunnels_list(c, NULL, &v, &n, &err) < 0) {
 		rc = fail(&err, NULL);
@@ -215,16 +215,16 @@ int cmd_tunnels(struct ctx *ctx, int argc, char **argv)
 		printf("[");
 		for (size_t i = 0; i < n; i++) {
 			printf("%s{\"id\":", i ? "," : "");
-			json_str(v[i].id);
-			printf(",\"kind\":\"%s\",\"host\":", v[i].kind == SBX_TUNNEL_FORWARD ? "forward" : "reverse");
-			json_str(v[i].host);
-			printf(",\"port\":%u,\"remote\":", v[i].port);
-			json_str(v[i].remote);
+			json_str(v[i]->id);
+			printf(",\"kind\":\"%s\",\"host\":", v[i]->kind == SBX_TUNNEL_FORWARD ? "forward" : "reverse");
+			json_str(v[i]->host);
+			printf(",\"port\":%u,\"remote\":", v[i]->port);
+			json_str(v[i]->remote);
 			printf(",\"client\":");
-			json_str(v[i].client);
+			json_str(v[i]->client);
 			printf(",\"active\":%u,\"total\":%" PRIu64 ",\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64
 			       "}",
-			       v[i].active, v[i].total, v[i].bytes_in, v[i].bytes_out);
+			       v[i]->active, v[i]->total, v[i]->bytes_in, v[i]->bytes_out);
 		}
 		printf("]\n");
 	} else {
@@ -232,15 +232,15 @@ int cmd_tunnels(struct ctx *ctx, int argc, char **argv)
 		       "BYTES_IN", "BYTES_OUT");
 		for (size_t i = 0; i < n; i++) {
 			char inside[96];
-			snprintf(inside, sizeof(inside), "%s%s%s:%u", strchr(v[i].host, ':') ? "[" : "", v[i].host,
-				 strchr(v[i].host, ':') ? "]" : "", v[i].port);
-			printf("%-6s %-8s %-24s %-24s %6u %8" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", v[i].id,
-			       v[i].kind == SBX_TUNNEL_FORWARD ? "forward" : "reverse", inside,
-			       v[i].remote[0] ? v[i].remote : "-", v[i].active, v[i].total, v[i].bytes_in,
-			       v[i].bytes_out);
+			snprintf(inside, sizeof(inside), "%s%s%s:%u", strchr(v[i]->host, ':') ? "[" : "", v[i]->host,
+				 strchr(v[i]->host, ':') ? "]" : "", v[i]->port);
+			printf("%-6s %-8s %-24s %-24s %6u %8" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", v[i]->id,
+			       v[i]->kind == SBX_TUNNEL_FORWARD ? "forward" : "reverse", inside,
+			       v[i]->remote[0] ? v[i]->remote : "-", v[i]->active, v[i]->total, v[i]->bytes_in,
+			       v[i]->bytes_out);
 		}
 	}
-	free(v);
+	sbx_tunnels_free(v);
 	sbx_client_close(c);
 	return EXIT_OK;
 }

@@ -724,7 +724,10 @@ SBX_API int sbx_tunnel_wait(struct sbx_tunnel *t, int timeout_ms, struct sbx_err
  * the handle. Safe from any thread, once per handle. */
 SBX_API void sbx_tunnel_close(struct sbx_tunnel *t);
 
+/* A tunnel as sbx_tunnels_list() reports it: the library's (struct_size is the
+ * library's sizeof; read only the fields your header has), freed by sbx_tunnels_free(). */
 struct sbx_tunnel_info {
+	size_t struct_size; /* the library's sizeof(struct sbx_tunnel_info) */
 	char id[16];
 	int kind;      /* enum sbx_tunnel_kind */
 	char host[64]; /* inside: listened on (reverse) or connected to (forward) */
@@ -736,9 +739,14 @@ struct sbx_tunnel_info {
 	uint64_t bytes_in; /* host -> sandbox */
 	uint64_t bytes_out;
 };
-/* Every tunnel of the shim (all clients'), oldest first: *out is malloc'd (free()). */
-SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_tunnel_info **out,
+/* Every tunnel of the shim (all clients'), oldest first: *out is a NULL-terminated
+ * array of *n (n may be NULL) pointers to library-allocated records, never NULL on
+ * success (an empty list is {NULL}); free it with sbx_tunnels_free(). *out is NULL
+ * after a failure. */
+SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_tunnel_info ***out,
 			     size_t *n, struct sbx_error *err);
+/* Free a list from sbx_tunnels_list() and its records (NULL: nothing). */
+SBX_API void sbx_tunnels_free(struct sbx_tunnel_info **list);
 /* Close a tunnel by id, whichever client owns it (ENOENT if there is none). */
 SBX_API int sbx_tunnel_close_id(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id,
 				struct sbx_error *err);
@@ -780,36 +788,52 @@ struct sbx_mount_opts {
 #define SBX_MOUNT_OPTS_INIT {.struct_size = sizeof(struct sbx_mount_opts)}
 /* clang-format on */
 
+/* The strings are malloc'd by the library and never NULL in a filled record ("" when
+ * empty). A record sbx_mount() or sbx_unmount() filled is the caller's: free its strings
+ * with sbx_mount_record_free() (also after a failed call; safe on a record from
+ * SBX_MOUNT_RECORD_INIT and twice). The records of sbx_mounts_list() are the
+ * library's (struct_size is the library's sizeof) and sbx_mounts_free() frees them. */
 struct sbx_mount_record {
+	size_t struct_size; /* set by SBX_MOUNT_RECORD_INIT */
 	char id[40];
 	char bucket[64];
-	char prefix[1040];
-	char path[4096];
+	char *prefix; /* "" for the whole bucket */
+	char *path;
 	int read_only;
 	int state;           /* enum sbx_mount_state */
 	unsigned rclone_pid; /* 0 once rclone has exited */
 	char created_at[40]; /* RFC 3339, UTC */
-	char endpoint[2056];
-	char error[256]; /* failed: what happened, with rclone's last log line */
+	char *endpoint;
+	char *error;     /* failed: what happened, with rclone's last log line; else "" */
 	int created_dir; /* the shim created path and removes it at unmount */
 };
+/* clang-format off */
+#define SBX_MOUNT_RECORD_INIT {.struct_size = sizeof(struct sbx_mount_record)}
+/* clang-format on */
+/* Free the strings of a record sbx_mount() or sbx_unmount() filled, setting them NULL;
+ * the other fields stay. */
+SBX_API void sbx_mount_record_free(struct sbx_mount_record *rec);
 /* The record as one JSON object (malloc'd; free(); NULL when out of memory); strings
- * escaped as sbx_backup_record_json() does. */
+ * escaped as sbx_backup_record_json() does (a NULL string as ""). */
 SBX_API char *sbx_mount_record_json(const struct sbx_mount_record *rec);
 
 /* Mount bucket at path (absolute, inside the sandbox; created when missing). *rec
- * (may be NULL) gets the record. Errors: EINVAL (bad bucket name, endpoint, path,
- * option), EBUSY (already a mount point), ENOTEMPTY, ENOENT (rclone or fusermount3
- * not installed: the message says what to install), EACCES (the server refused the
- * keys), ECONNREFUSED, ETIMEDOUT, ...; the message carries rclone's own words. */
+ * (may be NULL; start it from SBX_MOUNT_RECORD_INIT, free it with sbx_mount_record_free())
+ * gets the record. Errors: EINVAL (bad bucket name, endpoint, path, option), EBUSY
+ * (already a mount point), ENOTEMPTY, ENOENT (rclone or fusermount3 not installed:
+ * the message says what to install), EACCES (the server refused the keys),
+ * ECONNREFUSED, ETIMEDOUT, ...; the message carries rclone's own words. */
 SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *bucket, const char *path,
 		      const struct sbx_mount_opts *mo, struct sbx_mount_record *rec, struct sbx_error *err);
 
-/* Every mount the shim has (live, failed, or on the way): *out is a malloc'd array
- * of *n records (free it with sbx_mounts_free; NULL when there are none). */
-SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record **out,
+/* Every mount the shim has (live, failed, or on the way): *out is a NULL-terminated
+ * array of *n (n may be NULL) pointers to library-allocated records, never NULL on
+ * success (an empty list is {NULL}); free it with sbx_mounts_free(). *out is NULL
+ * after a failure. */
+SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record ***out,
 			    size_t *n, struct sbx_error *err);
-SBX_API void sbx_mounts_free(struct sbx_mount_record *list);
+/* Free a list from sbx_mounts_list() and its records (NULL: nothing). */
+SBX_API void sbx_mounts_free(struct sbx_mount_record **list);
 
 struct sbx_unmount_opts {
 	size_t struct_size;   /* set by SBX_UNMOUNT_OPTS_INIT */
@@ -825,7 +849,7 @@ struct sbx_unmount_opts {
  * in time and force is not set), then rclone stops and its config, cache and log
  * are removed, and the directory if the shim created it. Unmounting again returns
  * the same record (state SBX_MOUNT_UNMOUNTED); an unknown id or path is ENOENT. uo
- * and rec may be NULL. */
+ * and rec may be NULL (rec as in sbx_mount()). */
 SBX_API int sbx_unmount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id_or_path,
 			const struct sbx_unmount_opts *uo, struct sbx_mount_record *rec, struct sbx_error *err);
 

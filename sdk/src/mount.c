@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,36 +18,105 @@ static void copy_str(char *dst, size_t size, const char *src)
 	snprintf(dst, size, "%s", src != NULL ? src : "");
 }
 
-static void record_from(struct sbx_mount_record *out, const Shim__V1__MountRecord *r)
+static char *dup_str(const char *src, size_t len)
+{
+	char *d = malloc(len + 1);
+	if (d != NULL) {
+		if (len > 0)
+			memcpy(d, src, len);
+		d[len] = '\0';
+	}
+	return d;
+}
+
+static char *dup_cstr(const char *s)
+{
+	return s != NULL ? dup_str(s, strlen(s)) : dup_str("", 0);
+}
+
+static void record_release(struct sbx_mount_record *rec)
+{
+	free(rec->prefix);
+	free(rec->path);
+	free(rec->endpoint);
+	free(rec->error);
+	rec->prefix = rec->path = rec->endpoint = rec->error = NULL;
+}
+
+/* A full-size record from r, its strings malloc'd: -1 (nothing left allocated) when out
+ * of memory. */
+static int record_from(struct sbx_mount_record *out, const Shim__V1__MountRecord *r, struct sbx_error *err)
 {
 	memset(out, 0, sizeof(*out));
+	out->struct_size = sizeof(*out);
 	copy_str(out->id, sizeof(out->id), r->id);
 	copy_str(out->bucket, sizeof(out->bucket), r->bucket);
-	copy_str(out->prefix, sizeof(out->prefix), r->prefix);
-	size_t n = r->path.len < sizeof(out->path) - 1 ? r->path.len : sizeof(out->path) - 1;
-	if (n > 0)
-		memcpy(out->path, r->path.data, n);
-	out->path[n] = '\0';
+	out->prefix = dup_cstr(r->prefix);
+	out->path = dup_str((const char *)r->path.data, r->path.len);
 	out->read_only = r->read_only;
 	out->state = (int)r->state;
 	out->rclone_pid = r->rclone_pid;
 	copy_str(out->created_at, sizeof(out->created_at), r->created_at);
-	copy_str(out->endpoint, sizeof(out->endpoint), r->endpoint);
-	copy_str(out->error, sizeof(out->error), r->error);
+	out->endpoint = dup_cstr(r->endpoint);
+	out->error = dup_cstr(r->error);
 	out->created_dir = r->has_created_dir && r->created_dir;
+	if (out->prefix == NULL || out->path == NULL || out->endpoint == NULL || out->error == NULL) {
+		record_release(out);
+		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	}
+	return 0;
 }
 
-/* Send req (mount or unmount) and wait for its mount result; its record into rec (if given). */
+/* Hand a full record to the caller; what its (older, smaller) struct has no room for
+ * is freed here. */
+static void record_put(struct sbx_mount_record *rec, struct sbx_mount_record *full)
+{
+	sbx__struct_out_put(rec, full, sizeof(*full));
+	struct sbx_mount_record left = SBX_MOUNT_RECORD_INIT;
+#define LEFT(f)                                                                        \
+	if (rec->struct_size < offsetof(struct sbx_mount_record, f) + sizeof(full->f)) \
+	left.f = full->f
+	LEFT(prefix);
+	LEFT(path);
+	LEFT(endpoint);
+	LEFT(error);
+#undef LEFT
+	record_release(&left);
+}
+
+static void record_clear(struct sbx_mount_record *rec)
+{
+	struct sbx_mount_record zero = SBX_MOUNT_RECORD_INIT;
+	sbx__struct_out_put(rec, &zero, sizeof(zero));
+}
+
+SBX_API void sbx_mount_record_free(struct sbx_mount_record *rec)
+{
+	if (rec == NULL || rec->struct_size < sizeof(size_t))
+		return;
+	struct sbx_mount_record r;
+	sbx__struct_out_get(&r, sizeof(r), rec);
+	record_release(&r);
+	sbx__struct_out_put(rec, &r, sizeof(r));
+}
+
+/* Send req (mount or unmount) and wait for its mount result; its record into rec (if
+ * given, already checked and cleared). */
 static int call_record(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
 		       struct sbx_mount_record *rec, struct sbx_error *err)
 {
 	Shim__V1__Result *r = sbx__call_simple(c, opts, req, SHIM__V1__RESULT__KIND_MOUNT, err);
 	if (r == NULL)
 		return -1;
-	if (rec != NULL)
-		record_from(rec, r->mount);
+	int rc = 0;
+	if (rec != NULL) {
+		struct sbx_mount_record full;
+		rc = record_from(&full, r->mount, err);
+		if (rc == 0)
+			record_put(rec, &full);
+	}
 	shim__v1__result__free_unpacked(r, NULL);
-	return 0;
+	return rc;
 }
 
 /* The caller's options, copied into a full-size struct (older, shorter ones get zeros). */
@@ -66,6 +136,10 @@ SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, co
 	struct sbx_call_opts call_opts;
 	if (sbx__call_opts(&opts, &call_opts, err) < 0)
 		return -1;
+	if (sbx__struct_out_check(rec, "sbx_mount_record", err) < 0)
+		return -1;
+	if (rec != NULL)
+		record_clear(rec);
 	struct sbx_mount_opts o;
 	if (take_opts(&o, mo, err) < 0)
 		return -1;
@@ -135,16 +209,17 @@ SBX_API int sbx_mount(struct sbx_client *c, const struct sbx_call_opts *opts, co
 	return call_record(c, opts, &req, rec, err);
 }
 
-SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record **out,
+SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_mount_record ***out,
 			    size_t *n, struct sbx_error *err)
 {
 	struct sbx_call_opts call_opts;
 	if (sbx__call_opts(&opts, &call_opts, err) < 0)
 		return -1;
-	if (out == NULL || n == NULL)
-		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "out and n are required");
+	if (out == NULL)
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no place for the list given");
 	*out = NULL;
-	*n = 0;
+	if (n != NULL)
+		*n = 0;
 	Shim__V1__MountListRequest lr = SHIM__V1__MOUNT_LIST_REQUEST__INIT;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_MOUNTS;
@@ -152,23 +227,37 @@ SBX_API int sbx_mounts_list(struct sbx_client *c, const struct sbx_call_opts *op
 	Shim__V1__Result *r = sbx__call_simple(c, opts, &req, SHIM__V1__RESULT__KIND_MOUNTS, err);
 	if (r == NULL)
 		return -1;
-	size_t cnt = r->mounts->n_mounts;
-	if (cnt > 0) {
-		*out = calloc(cnt, sizeof(**out));
-		if (*out == NULL) {
-			shim__v1__result__free_unpacked(r, NULL);
-			return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	size_t cnt = r->mounts != NULL ? r->mounts->n_mounts : 0;
+	struct sbx_mount_record **v = calloc(cnt + 1, sizeof(*v));
+	int rc = v != NULL ? 0 : sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	for (size_t i = 0; rc == 0 && i < cnt; i++) {
+		v[i] = malloc(sizeof(*v[i]));
+		if (v[i] == NULL)
+			rc = sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		else if ((rc = record_from(v[i], r->mounts->mounts[i], err)) < 0) {
+			free(v[i]);
+			v[i] = NULL;
 		}
-		for (size_t i = 0; i < cnt; i++)
-			record_from(&(*out)[i], r->mounts->mounts[i]);
 	}
-	*n = cnt;
 	shim__v1__result__free_unpacked(r, NULL);
+	if (rc < 0) {
+		sbx_mounts_free(v);
+		return -1;
+	}
+	*out = v;
+	if (n != NULL)
+		*n = cnt;
 	return 0;
 }
 
-SBX_API void sbx_mounts_free(struct sbx_mount_record *list)
+SBX_API void sbx_mounts_free(struct sbx_mount_record **list)
 {
+	if (list == NULL)
+		return;
+	for (size_t i = 0; list[i] != NULL; i++) {
+		record_release(list[i]);
+		free(list[i]);
+	}
 	free(list);
 }
 
@@ -178,6 +267,10 @@ SBX_API int sbx_unmount(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	struct sbx_call_opts call_opts;
 	if (sbx__call_opts(&opts, &call_opts, err) < 0)
 		return -1;
+	if (sbx__struct_out_check(rec, "sbx_mount_record", err) < 0)
+		return -1;
+	if (rec != NULL)
+		record_clear(rec);
 	if (id_or_path == NULL || id_or_path[0] == '\0')
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "give a mount id or path");
 	struct sbx_unmount_opts o = SBX_UNMOUNT_OPTS_INIT;
@@ -228,6 +321,8 @@ static size_t utf8_seq(const unsigned char *p)
  * characters and bytes that are not UTF-8 as \u00XX (their value). */
 static void json_str(FILE *f, const char *s)
 {
+	if (s == NULL)
+		s = "";
 	fputc('"', f);
 	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
 		size_t n;

@@ -916,14 +916,17 @@ static void copy_str(char *dst, size_t size, const char *src)
 	snprintf(dst, size, "%s", src != NULL ? src : "");
 }
 
-SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_tunnel_info **out,
+SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_tunnel_info ***out,
 			     size_t *n, struct sbx_error *err)
 {
 	struct sbx_call_opts call_opts;
 	if (sbx__call_opts(&opts, &call_opts, err) < 0)
 		return -1;
-	if (c == NULL || out == NULL || n == NULL)
+	if (c == NULL || out == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "no client or no output given");
+	*out = NULL;
+	if (n != NULL)
+		*n = 0;
 	Shim__V1__TunnelListRequest lr = SHIM__V1__TUNNEL_LIST_REQUEST__INIT;
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_TUNNELS;
@@ -932,29 +935,45 @@ SBX_API int sbx_tunnels_list(struct sbx_client *c, const struct sbx_call_opts *o
 	if (r == NULL)
 		return -1;
 	size_t cnt = r->tunnels != NULL ? r->tunnels->n_tunnels : 0;
-	struct sbx_tunnel_info *v = calloc(cnt ? cnt : 1, sizeof(*v));
-	if (v == NULL) {
-		shim__v1__result__free_unpacked(r, NULL);
-		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
-	}
-	for (size_t i = 0; i < cnt; i++) {
+	struct sbx_tunnel_info **v = calloc(cnt + 1, sizeof(*v));
+	for (size_t i = 0; v != NULL && i < cnt; i++) {
+		struct sbx_tunnel_info *t = calloc(1, sizeof(*t));
+		if (t == NULL) {
+			sbx_tunnels_free(v);
+			v = NULL;
+			break;
+		}
+		v[i] = t;
 		const Shim__V1__TunnelInfo *ti = r->tunnels->tunnels[i];
-		copy_str(v[i].id, sizeof(v[i].id), ti->tunnel_id);
-		v[i].kind = ti->kind == SHIM__V1__TUNNEL_KIND__TUNNEL_KIND_FORWARD ? SBX_TUNNEL_FORWARD :
-										     SBX_TUNNEL_REVERSE;
-		copy_str(v[i].host, sizeof(v[i].host), ti->host);
-		v[i].port = ti->port;
-		copy_str(v[i].remote, sizeof(v[i].remote), ti->remote);
-		copy_str(v[i].client, sizeof(v[i].client), ti->client);
-		v[i].active = ti->active;
-		v[i].total = ti->total;
-		v[i].bytes_in = ti->bytes_in;
-		v[i].bytes_out = ti->bytes_out;
+		t->struct_size = sizeof(*t);
+		copy_str(t->id, sizeof(t->id), ti->tunnel_id);
+		t->kind = ti->kind == SHIM__V1__TUNNEL_KIND__TUNNEL_KIND_FORWARD ? SBX_TUNNEL_FORWARD :
+										   SBX_TUNNEL_REVERSE;
+		copy_str(t->host, sizeof(t->host), ti->host);
+		t->port = ti->port;
+		copy_str(t->remote, sizeof(t->remote), ti->remote);
+		copy_str(t->client, sizeof(t->client), ti->client);
+		t->active = ti->active;
+		t->total = ti->total;
+		t->bytes_in = ti->bytes_in;
+		t->bytes_out = ti->bytes_out;
 	}
 	shim__v1__result__free_unpacked(r, NULL);
+	if (v == NULL)
+		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
 	*out = v;
-	*n = cnt;
+	if (n != NULL)
+		*n = cnt;
 	return 0;
+}
+
+SBX_API void sbx_tunnels_free(struct sbx_tunnel_info **list)
+{
+	if (list == NULL)
+		return;
+	for (size_t i = 0; list[i] != NULL; i++)
+		free(list[i]);
+	free(list);
 }
 
 SBX_API int sbx_tunnel_close_id(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id,

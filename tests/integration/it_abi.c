@@ -174,6 +174,18 @@ static int case_size_zero(void)
 	CHECK(sbx_connect(it_unix_target(it_path("shim.sock")), &co, &c2, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_LOCAL, EINVAL);
 	CHECK(c2 == NULL);
+	/* a mount record: refused before the mount is even checked or sent */
+	struct sbx_mount_record mr;
+	memset(&mr, 0, sizeof(mr));
+	struct sbx_mount_opts mo = SBX_MOUNT_OPTS_INIT;
+	mo.endpoint = "http://127.0.0.1:1";
+	mo.access_key_id = mo.secret_access_key = "k";
+	CHECK(sbx_mount(c, NULL, "bkt", it_path("m"), &mo, &mr, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_LOCAL, EINVAL);
+	CHECK_CONTAINS(err.message, "start from SBX_MOUNT_RECORD_INIT");
+	CHECK(sbx_unmount(c, NULL, "/nowhere", NULL, &mr, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_LOCAL, EINVAL);
+	CHECK_EQ(it_count_entries(it_dir()), n0);
 	sbx_client_close(c);
 	return 0;
 }
@@ -280,13 +292,56 @@ static int case_output_old(void)
 	return 0;
 }
 
+/* The lists hand out pointers to the library's records (struct_size: the library's sizeof),
+ * NULL-terminated, so a caller's own sizeof never indexes them. */
+static int case_lists(void)
+{
+	struct sbx_client *c = start();
+	struct sbx_error err;
+	struct sbx_tunnel_info **tv = NULL;
+	size_t n = 99;
+	CHECK_SBX(sbx_tunnels_list(c, NULL, &tv, &n, &err), &err);
+	CHECK(n == 0 && tv != NULL && tv[0] == NULL);
+	sbx_tunnels_free(tv);
+	struct sbx_tunnel *t1, *t2;
+	CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, 9, NULL, &t1, &err), &err);
+	CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, 10, NULL, &t2, &err), &err);
+	CHECK_SBX(sbx_tunnels_list(c, NULL, &tv, NULL, &err), &err);
+	CHECK(tv[0] != NULL && tv[1] != NULL && tv[2] == NULL);
+	CHECK_EQ(tv[0]->struct_size, sizeof(struct sbx_tunnel_info));
+	CHECK(strcmp(tv[0]->id, sbx_tunnel_id(t1)) == 0 && tv[0]->port == 9);
+	CHECK(strcmp(tv[1]->id, sbx_tunnel_id(t2)) == 0 && tv[1]->port == 10);
+	sbx_tunnels_free(tv);
+	sbx_tunnel_close(t1);
+	sbx_tunnel_close(t2);
+	sbx_tunnels_free(NULL);
+	struct sbx_mount_record **mv = NULL;
+	n = 99;
+	CHECK_SBX(sbx_mounts_list(c, NULL, &mv, &n, &err), &err);
+	CHECK(n == 0 && mv != NULL && mv[0] == NULL);
+	sbx_mounts_free(mv);
+	sbx_mounts_free(NULL);
+	CHECK(sbx_mounts_list(c, NULL, NULL, &n, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_LOCAL, EINVAL);
+	/* freeing a record never filled, and twice, is safe */
+	struct sbx_mount_record mr = SBX_MOUNT_RECORD_INIT;
+	sbx_mount_record_free(&mr);
+	sbx_mount_record_free(&mr);
+	CHECK(mr.path == NULL && mr.struct_size == sizeof(mr));
+	sbx_client_close(c);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	/* clang-format off */
 	static const struct it_case cases[] = {
 		{"input_old", case_input_old},
 		{"input_new", case_input_new},
 		{"size_zero", case_size_zero},
 		{"output_old", case_output_old},
+		{"lists", case_lists},
 	};
+	/* clang-format on */
 	return it_main(argc, argv, cases, ARRAY_LEN(cases));
 }

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,7 +312,7 @@ static int case_basic(void)
 	char mnt[1024];
 	keep(mnt, it_path("mnt")); /* missing: created */
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	uint64_t t0 = it_now_ms();
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
@@ -357,11 +358,11 @@ static int case_basic(void)
 	s3_wait("dir/cmd.txt", "from-a-command\n", 20000);
 
 	/* list and info */
-	struct sbx_mount_record *v;
+	struct sbx_mount_record **v;
 	size_t n;
 	CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
 	CHECK_EQ(n, 1);
-	CHECK(strcmp(v[0].id, rec.id) == 0 && v[0].state == SBX_MOUNT_LIVE);
+	CHECK(strcmp(v[0]->id, rec.id) == 0 && v[0]->state == SBX_MOUNT_LIVE);
 	sbx_mounts_free(v);
 	struct sbx_info info = SBX_INFO_INIT;
 	CHECK_SBX(sbx_info(c, &no_timeout, &info, &err), &err);
@@ -379,7 +380,7 @@ static int case_basic(void)
 	char conf[2100];
 	snprintf(conf, sizeof(conf), "%s/rclone.conf", rundir(rec.id));
 	CHECK(exists(conf));
-	struct sbx_mount_record un;
+	struct sbx_mount_record un = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, &un, &err), &err);
 	CHECK_EQ(un.state, SBX_MOUNT_UNMOUNTED);
 	CHECK(strcmp(un.id, rec.id) == 0);
@@ -398,10 +399,14 @@ static int case_basic(void)
 	CHECK_EQ(info.mounts, 0);
 	CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
 	CHECK_EQ(n, 0);
+	CHECK(v != NULL && v[0] == NULL);
+	sbx_mounts_free(v);
 
 	/* idempotent: again by id and by path, the same record */
+	sbx_mount_record_free(&un);
 	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, &un, &err), &err);
 	CHECK_EQ(un.state, SBX_MOUNT_UNMOUNTED);
+	sbx_mount_record_free(&un);
 	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, &un, &err), &err);
 	CHECK(strcmp(un.id, rec.id) == 0);
 	/* unknown id or path */
@@ -409,6 +414,8 @@ static int case_basic(void)
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
 	CHECK(sbx_unmount(c, &no_timeout, "/no/such/mount", NULL, NULL, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
+	sbx_mount_record_free(&rec);
+	sbx_mount_record_free(&un);
 	stop_all();
 	return 0;
 }
@@ -423,7 +430,7 @@ static int case_read_only(void)
 	CHECK(mkdir(mnt, 0755) == 0); /* existing and empty: fine, and left in place */
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
 	mo.read_only = 1;
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(rec.read_only && !rec.created_dir);
@@ -440,6 +447,7 @@ static int case_read_only(void)
 	CHECK(s3_has("ro.txt") && !s3_has("new.txt") && !s3_has("cmd.txt"));
 	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, NULL, &err), &err);
 	CHECK(exists(mnt)); /* not ours: stays */
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -469,7 +477,7 @@ static int case_prefix(void)
 	keep(mnt, it_path("pfx"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
 	mo.prefix = "inside";
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(strcmp(rec.prefix, "inside") == 0);
@@ -485,7 +493,7 @@ static int case_prefix(void)
 	struct unmount_arg ua = {c, rec.id, 0, {0}};
 	pthread_t th;
 	CHECK(pthread_create(&th, NULL, unmount_thread, &ua) == 0);
-	struct sbx_mount_record un;
+	struct sbx_mount_record un = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, &un, &err), &err);
 	pthread_join(th, NULL);
 	CHECKF(ua.rc == 0, "the other unmount: %s", it_errstr(&ua.err));
@@ -493,6 +501,38 @@ static int case_prefix(void)
 	CHECK(strcmp(un.id, rec.id) == 0);
 	CHECK(strcmp(s3_cat("inside/new.txt"), "under the prefix") == 0);
 	CHECK(s3_has("inside/new.txt") && !s3_has("new.txt"));
+	/* the struct_size rule (sdk/ABI.md) on the record, through a repeated unmount (the same
+	 * record): an older, smaller struct gets its fields up to its size and not a byte more
+	 * (the strings it has no room for are the library's to free) */
+	union {
+		struct sbx_mount_record rec;
+		unsigned char raw[sizeof(struct sbx_mount_record) + 16];
+	} old;
+	memset(&old, 0xa5, sizeof(old));
+	size_t cut = offsetof(struct sbx_mount_record, endpoint);
+	old.rec.struct_size = cut;
+	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, &old.rec, &err), &err);
+	CHECK(strcmp(old.rec.id, rec.id) == 0 && old.rec.state == SBX_MOUNT_UNMOUNTED);
+	CHECK(strcmp(old.rec.prefix, "inside") == 0 && strcmp(old.rec.path, mnt) == 0);
+	CHECK_EQ(old.rec.struct_size, cut);
+	for (size_t i = cut; i < sizeof(old); i++)
+		CHECKF(old.raw[i] == 0xa5, "byte %zu of a %zu-byte sbx_mount_record written", i, cut);
+	sbx_mount_record_free(&old.rec);
+	CHECK(old.rec.prefix == NULL && old.rec.path == NULL);
+	for (size_t i = cut; i < sizeof(old); i++)
+		CHECKF(old.raw[i] == 0xa5, "byte %zu written by sbx_mount_record_free", i);
+	/* a newer header's larger struct: filled, its unknown tail zeroed */
+	memset(&old, 0xa5, sizeof(old));
+	old.rec.struct_size = sizeof(old);
+	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, &old.rec, &err), &err);
+	CHECK(strcmp(old.rec.endpoint, rec.endpoint) == 0 && strcmp(old.rec.error, "") == 0);
+	CHECK_EQ(old.rec.struct_size, sizeof(old));
+	for (size_t i = sizeof(old.rec); i < sizeof(old); i++)
+		CHECKF(old.raw[i] == 0, "byte %zu of the larger struct: 0x%02x, want 0", i, old.raw[i]);
+	sbx_mount_record_free(&old.rec);
+	CHECK(old.rec.endpoint == NULL && old.rec.error == NULL);
+	sbx_mount_record_free(&rec);
+	sbx_mount_record_free(&un);
 	stop_all();
 	return 0;
 }
@@ -506,10 +546,12 @@ static void check_nothing_left(struct sbx_client *c, const char *mnt)
 	char d[1100];
 	snprintf(d, sizeof(d), "%s/mounts", it_path("state"));
 	CHECK_EQ(it_count_entries(d), 0);
-	struct sbx_mount_record *v;
+	struct sbx_mount_record **v;
 	size_t n;
 	CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
 	CHECK_EQ(n, 0);
+	CHECK(v != NULL && v[0] == NULL);
+	sbx_mounts_free(v);
 	/* no rclone of ours: none has the mount point on its command line */
 	char rd[1100];
 	snprintf(rd, sizeof(rd), "%s/mounts/", it_path("state"));
@@ -588,7 +630,7 @@ static int case_no_bucket(void)
 	CHECK(strstr(buckets, "bkt") != NULL);
 	/* an empty prefix of a bucket that exists mounts, empty, and takes a file */
 	mo.prefix = "fresh";
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK_EQ(rec.state, SBX_MOUNT_LIVE);
 	CHECK_EQ(it_count_entries(mnt), 0);
@@ -597,6 +639,7 @@ static int case_no_bucket(void)
 	write_str(c, p, "fresh");
 	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, NULL, &err), &err);
 	CHECK(strcmp(s3_cat("fresh/f.txt"), "fresh") == 0);
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -668,7 +711,7 @@ static int case_blackhole(void)
 	CHECK(took < 1500);
 	/* the shim undoes it in the background: soon nothing is left */
 	uint64_t end = it_now_ms() + 5000;
-	struct sbx_mount_record *v;
+	struct sbx_mount_record **v;
 	size_t n = 1;
 	while (n > 0 && it_now_ms() < end) {
 		CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
@@ -731,7 +774,7 @@ static int case_secrets(void)
 	mo.session_token = token;
 	char mnt[1024];
 	keep(mnt, it_path("sec"));
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	/* every process's argv and environment */
 	DIR *proc = opendir("/proc");
@@ -771,6 +814,7 @@ static int case_secrets(void)
 	CHECK_CONTAINS(trace_, "bytes hidden");
 	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, NULL, &err), &err);
 	CHECK(!exists(conf));
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -784,7 +828,7 @@ static int case_flush_timeout(void)
 	char mnt[1024];
 	keep(mnt, it_path("flush"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(kill(s3_->pid, SIGSTOP) == 0);
@@ -801,14 +845,15 @@ static int case_flush_timeout(void)
 	CHECK_CONTAINS(err.message, "still uploading");
 	/* still mounted and live */
 	CHECK(strcmp(fstype_at(mnt), "fuse.rclone") == 0);
-	struct sbx_mount_record *v;
+	struct sbx_mount_record **v;
 	size_t n;
 	CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
-	CHECK(n == 1 && v[0].state == SBX_MOUNT_LIVE);
+	CHECK(n == 1 && v[0]->state == SBX_MOUNT_LIVE);
 	sbx_mounts_free(v);
 	CHECK(kill(s3_->pid, SIGCONT) == 0);
 	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, NULL, &err), &err);
 	CHECK(strcmp(s3_cat("pending.txt"), "pending\n") == 0);
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -821,25 +866,25 @@ static int case_rclone_killed(void)
 	char mnt[1024];
 	keep(mnt, it_path("killed"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(kill((pid_t)rec.rclone_pid, SIGKILL) == 0);
 	uint64_t t0 = it_now_ms();
-	struct sbx_mount_record *v = NULL;
+	struct sbx_mount_record **v = NULL;
 	size_t n = 0;
 	for (;;) {
 		CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
 		CHECK_EQ(n, 1);
-		if (v[0].state == SBX_MOUNT_FAILED)
+		if (v[0]->state == SBX_MOUNT_FAILED)
 			break;
 		sbx_mounts_free(v);
 		CHECKF(it_now_ms() - t0 < 1000, "not reported failed within a second");
 		it_sleep_ms(20);
 	}
-	fprintf(stderr, "reported failed after %llu ms: %s\n", (unsigned long long)(it_now_ms() - t0), v[0].error);
-	CHECK_CONTAINS(v[0].error, "signal 9");
-	CHECK_EQ(v[0].rclone_pid, 0);
+	fprintf(stderr, "reported failed after %llu ms: %s\n", (unsigned long long)(it_now_ms() - t0), v[0]->error);
+	CHECK_CONTAINS(v[0]->error, "signal 9");
+	CHECK_EQ(v[0]->rclone_pid, 0);
 	sbx_mounts_free(v);
 	/* the path: no dead FUSE mount, and not an empty directory that takes writes */
 	uint64_t end = it_now_ms() + 2000;
@@ -856,12 +901,14 @@ static int case_rclone_killed(void)
 	CHECK(sbx_write_file_buf(c, &no_timeout, p, 0, 0644, "x", 1, NULL, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, EROFS);
 	/* unmount cleans up the failed mount too */
-	struct sbx_mount_record un;
+	struct sbx_mount_record un = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, &un, &err), &err);
 	CHECK_EQ(un.state, SBX_MOUNT_UNMOUNTED);
 	CHECK(strcmp(fstype_at(mnt), "") == 0);
 	CHECK(!exists(mnt));
 	CHECK(!exists(rundir(rec.id)));
+	sbx_mount_record_free(&rec);
+	sbx_mount_record_free(&un);
 	stop_all();
 	return 0;
 }
@@ -877,7 +924,7 @@ static int case_crash_sweep(void)
 	char mnt[1024];
 	keep(mnt, it_path("crash"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	char conf[2200];
@@ -909,9 +956,12 @@ static int case_crash_sweep(void)
 	CHECK_SBX(sbx_info(c, &no_timeout, &in, &err), &err);
 	CHECK_EQ(in.mounts, 0);
 	/* the path can be mounted again */
+	sbx_mount_record_free(&rec);
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
-	struct sbx_mount_record un;
+	struct sbx_mount_record un = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_unmount(c, &no_timeout, mnt, NULL, &un, &err), &err);
+	sbx_mount_record_free(&rec);
+	sbx_mount_record_free(&un);
 	stop_all();
 	return 0;
 }
@@ -932,7 +982,7 @@ static int case_hung(void)
 	char mnt[1024];
 	keep(mnt, it_path("hung"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(kill((pid_t)rec.rclone_pid, SIGSTOP) == 0);
@@ -958,11 +1008,11 @@ static int case_hung(void)
 	struct sbx_call_opts quick = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 1000};
 	CHECK_SBX(sbx_ping(c, &quick, &rtt, &err), &err);
 	CHECK_SBX(sbx_stat(c, &quick, "/", 0, &st, &err), &err);
-	struct sbx_mount_record *v;
+	struct sbx_mount_record **v;
 	size_t n;
 	CHECK_SBX(sbx_mounts_list(c, &quick, &v, &n, &err), &err);
 	CHECK_EQ(n, 1);
-	CHECK_EQ(v[0].state, SBX_MOUNT_LIVE);
+	CHECK_EQ(v[0]->state, SBX_MOUNT_LIVE);
 	sbx_mounts_free(v);
 	/* a stat with a timeout ends too */
 	struct sbx_call_opts tmo = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 500};
@@ -972,6 +1022,7 @@ static int case_hung(void)
 	CHECK(kill((pid_t)rec.rclone_pid, SIGCONT) == 0);
 	CHECK_SBX(sbx_unmount(c, &no_timeout, rec.id, NULL, NULL, &err), &err);
 	CHECK(!exists(mnt));
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -984,7 +1035,7 @@ static int case_shutdown(void)
 	char mnt[1024];
 	keep(mnt, it_path("sd"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	char p[1200];
@@ -1006,6 +1057,7 @@ static int case_shutdown(void)
 	char *log = it_daemon_log(shim_);
 	CHECK_CONTAINS(log, "unmounted");
 	free(log);
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -1031,7 +1083,7 @@ static int case_pid1_shutdown(void)
 	char mnt[1024];
 	keep(mnt, it_path("pid1"));
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	CHECK_SBX(sbx_mount(c_, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
 	CHECK(strcmp(fstype_at(mnt), "fuse.rclone") == 0);
 	char p[1200];
@@ -1053,6 +1105,7 @@ static int case_pid1_shutdown(void)
 	CHECK(!exists(rundir(rec.id)));
 	CHECK(!exists(mnt));
 	CHECK(strcmp(s3_cat("pid1.txt"), "as init") == 0);
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }
@@ -1131,7 +1184,7 @@ static int case_validation(void)
 	want_err(c, "bkt", full, &mo, SBX_ERR_REMOTE, ENOTEMPTY, "not empty");
 	struct sbx_mount_opts m7 = mo;
 	m7.allow_non_empty = 1;
-	struct sbx_mount_record rec;
+	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", full, &m7, &rec, &err), &err);
 	/* the same path twice */
@@ -1140,6 +1193,7 @@ static int case_validation(void)
 	CHECK(exists(inside)); /* what was there is still there */
 	/* nothing was left by any of the refusals */
 	check_nothing_left(c, mnt);
+	sbx_mount_record_free(&rec);
 	stop_all();
 	return 0;
 }

@@ -312,11 +312,11 @@ static void wait_fds(pid_t pid, unsigned want)
 
 static size_t list_count(struct sbx_client *c)
 {
-	struct sbx_tunnel_info *v;
+	struct sbx_tunnel_info **v;
 	size_t n;
 	struct sbx_error err;
 	CHECK_SBX(sbx_tunnels_list(c, NULL, &v, &n, &err), &err);
-	free(v);
+	sbx_tunnels_free(v);
 	return n;
 }
 
@@ -334,15 +334,15 @@ static void wait_list_idle(struct sbx_client *c, const char *id)
 {
 	uint64_t until = it_now_ms() + 10000;
 	for (;;) {
-		struct sbx_tunnel_info *v;
+		struct sbx_tunnel_info **v;
 		size_t n;
 		struct sbx_error err;
 		CHECK_SBX(sbx_tunnels_list(c, NULL, &v, &n, &err), &err);
 		unsigned active = 0;
 		for (size_t i = 0; i < n; i++)
-			if (strcmp(v[i].id, id) == 0)
-				active = v[i].active;
-		free(v);
+			if (strcmp(v[i]->id, id) == 0)
+				active = v[i]->active;
+		sbx_tunnels_free(v);
 		if (active == 0)
 			return;
 		CHECKF(it_now_ms() < until, "tunnel %s still has %u connections", id, active);
@@ -539,14 +539,14 @@ static int case_many(void)
 	CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
 	move_many(sbx_tunnel_port(t), 100, MiB);
 	wait_list_idle(c, sbx_tunnel_id(t));
-	struct sbx_tunnel_info *v;
+	struct sbx_tunnel_info **v;
 	size_t n;
 	CHECK_SBX(sbx_tunnels_list(c, NULL, &v, &n, &err), &err);
 	CHECK_EQ(n, 1);
-	CHECK_EQ(v[0].total, 100);
-	CHECK_EQ(v[0].bytes_in, 100ull * MiB);
-	CHECK_EQ(v[0].bytes_out, 100ull * MiB);
-	free(v);
+	CHECK_EQ(v[0]->total, 100);
+	CHECK_EQ(v[0]->bytes_in, 100ull * MiB);
+	CHECK_EQ(v[0]->bytes_out, 100ull * MiB);
+	sbx_tunnels_free(v);
 	sbx_tunnel_close(t);
 
 	/* reverse: the connections come from "inside" */
@@ -555,9 +555,9 @@ static int case_many(void)
 	wait_list_idle(c, sbx_tunnel_id(t));
 	CHECK_SBX(sbx_tunnels_list(c, NULL, &v, &n, &err), &err);
 	CHECK_EQ(n, 1);
-	CHECK_EQ(v[0].total, 100);
-	CHECK_EQ(v[0].bytes_in, 100ull * MiB);
-	free(v);
+	CHECK_EQ(v[0]->total, 100);
+	CHECK_EQ(v[0]->bytes_in, 100ull * MiB);
+	sbx_tunnels_free(v);
 	sbx_tunnel_close(t);
 	srv_stop(&s);
 	CHECK_EQ(atomic_load(&s.ended), 200);
@@ -1044,22 +1044,22 @@ static int case_list_close(void)
 	CHECK_SBX(sbx_forward_open(c, NULL, 0, "127.0.0.1", 8080, NULL, &f, &err), &err);
 	CHECK_SBX(sbx_reverse_open(c, NULL, 0, "localhost", 3000, NULL, &r, &err), &err);
 	CHECK(strcmp(sbx_tunnel_id(f), sbx_tunnel_id(r)) != 0);
-	struct sbx_tunnel_info *v;
+	struct sbx_tunnel_info **v;
 	size_t n;
 	CHECK_SBX(sbx_tunnels_list(c2, NULL, &v, &n, &err), &err);
 	CHECK_EQ(n, 2);
-	CHECK(strcmp(v[0].id, sbx_tunnel_id(f)) == 0);
-	CHECK_EQ(v[0].kind, SBX_TUNNEL_FORWARD);
-	CHECK(strcmp(v[0].host, "127.0.0.1") == 0);
-	CHECK_EQ(v[0].port, 8080);
+	CHECK(strcmp(v[0]->id, sbx_tunnel_id(f)) == 0);
+	CHECK_EQ(v[0]->kind, SBX_TUNNEL_FORWARD);
+	CHECK(strcmp(v[0]->host, "127.0.0.1") == 0);
+	CHECK_EQ(v[0]->port, 8080);
 	char want[64];
 	snprintf(want, sizeof(want), "127.0.0.1:%u", sbx_tunnel_port(f));
-	CHECK(strcmp(v[0].remote, want) == 0);
-	CHECK(strcmp(v[1].id, sbx_tunnel_id(r)) == 0);
-	CHECK_EQ(v[1].kind, SBX_TUNNEL_REVERSE);
-	CHECK_EQ(v[1].port, sbx_tunnel_port(r));
-	CHECK(strcmp(v[1].remote, "127.0.0.1:3000") == 0);
-	free(v);
+	CHECK(strcmp(v[0]->remote, want) == 0);
+	CHECK(strcmp(v[1]->id, sbx_tunnel_id(r)) == 0);
+	CHECK_EQ(v[1]->kind, SBX_TUNNEL_REVERSE);
+	CHECK_EQ(v[1]->port, sbx_tunnel_port(r));
+	CHECK(strcmp(v[1]->remote, "127.0.0.1:3000") == 0);
+	sbx_tunnels_free(v);
 
 	CHECK(sbx_tunnel_close_id(c2, NULL, "t999999", &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
@@ -1163,12 +1163,12 @@ static int case_ipv6(void)
 	srv_start(&s, echo_fn);
 	struct sbx_tunnel *t;
 	CHECK_SBX(sbx_reverse_open(c, "[::1]", 0, NULL, s.port, NULL, &t, &err), &err);
-	struct sbx_tunnel_info *v;
+	struct sbx_tunnel_info **v;
 	size_t n;
 	CHECK_SBX(sbx_tunnels_list(c, NULL, &v, &n, &err), &err);
 	CHECK_EQ(n, 1);
-	CHECK(strcmp(v[0].host, "::1") == 0);
-	free(v);
+	CHECK(strcmp(v[0]->host, "::1") == 0);
+	sbx_tunnels_free(v);
 	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	a6.sin6_port = htons((uint16_t)sbx_tunnel_port(t));
 	CHECK(connect(fd, (struct sockaddr *)&a6, sizeof(a6)) == 0);

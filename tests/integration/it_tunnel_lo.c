@@ -219,13 +219,13 @@ static int case_held(void)
 	struct squatter q;
 	nobody_bind(&q, "127.0.0.2", port, false);
 	CHECKF(strncmp(q.line, "bound", 5) == 0, "127.0.0.2:%u: %s", port, q.line);
-	struct sbx_tunnel_info *v;
+	struct sbx_tunnel_info **v;
 	size_t n;
 	CHECK_SBX(sbx_tunnels_list(c, NULL, &v, &n, &err), &err);
 	CHECK_EQ(n, 1);
-	CHECK(strcmp(v[0].host, "localhost") == 0);
-	CHECK_EQ(v[0].port, port);
-	free(v);
+	CHECK(strcmp(v[0]->host, "localhost") == 0);
+	CHECK_EQ(v[0]->port, port);
+	sbx_tunnels_free(v);
 	/* both accept: connections reach the listener (and wait to be claimed) */
 	static const int fams[] = {AF_INET, AF_INET6};
 	for (size_t i = 0; i < ARRAY_LEN(fams); i++) {
