@@ -1,4 +1,5 @@
-/* calls.c: the system calls of the SDK: ping (sync and async), info, echo. */
+/* calls.c: the system calls of the SDK: ping (sync and async), info, echo. The generic
+ * request path they use is in call.c. */
 #include "internal.h"
 #include "shim.pb-c.h"
 
@@ -79,132 +80,6 @@ SBX_API int sbx_ping_async(struct sbx_client *c, sbx_ping_cb cb, void *ud, struc
 		return -1;
 	}
 	return 0;
-}
-
-/* Open a stream with a REQUEST carrying req. */
-struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
-				struct sbx_error *err)
-{
-	struct call *k = sbx__call_new(c, true);
-	if (k == NULL) {
-		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
-		return NULL;
-	}
-	size_t n = shim__v1__request__get_packed_size(req);
-	uint8_t small[512];
-	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
-	if (buf == NULL) {
-		sbx__call_free(k);
-		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
-		return NULL;
-	}
-	shim__v1__request__pack(req, buf);
-	int rc = sbx__send_request(k, buf, n, deadline, err);
-	if (buf != small)
-		free(buf);
-	if (rc < 0) {
-		sbx__call_free(k);
-		return NULL;
-	}
-	return k;
-}
-
-/* Wait for the END of a call that sends nothing more, and decode its Result. */
-Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
-{
-	for (;;) {
-		if (sbx__call_wait(k, deadline, tok, err) < 0)
-			return NULL;
-		struct rx_item *it = sbx__call_pop(k);
-		if (it == NULL)
-			break;    /* done */
-		sbx__rx_free(it); /* DATA or EVENT this caller does not want */
-	}
-	if (k->err.kind != SBX_ERR_NONE) {
-		sbx__copy_error(err, &k->err);
-		return NULL;
-	}
-	Shim__V1__Result *r = shim__v1__result__unpack(NULL, k->result_len, k->result);
-	if (r == NULL)
-		sbx__fail(err, SBX_ERR_PROTOCOL, EBADMSG, NULL, "undecodable Result from the shim");
-	return r;
-}
-
-int sbx__fs_options(const struct sbx_call_opts *opts, Shim__V1__Request *req, Shim__V1__FsOptions *fs,
-		    struct sbx_error *err)
-{
-	if (opts == NULL)
-		return 0;
-	if ((opts->resolve & ~(SBX_RESOLVE_NO_FOLLOW | SBX_RESOLVE_NO_SYMLINKS)) != 0)
-		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "unknown resolve flags %#x", opts->resolve);
-	bool user = opts->user != NULL && opts->user[0] != '\0';
-	bool group = opts->group != NULL && opts->group[0] != '\0';
-	if (!user && !group && opts->resolve == 0)
-		return 0;
-	shim__v1__fs_options__init(fs);
-	fs->user = user ? (char *)opts->user : NULL;
-	fs->group = group ? (char *)opts->group : NULL;
-	if (opts->resolve & SBX_RESOLVE_NO_FOLLOW)
-		fs->has_no_follow = fs->no_follow = 1;
-	if (opts->resolve & SBX_RESOLVE_NO_SYMLINKS)
-		fs->has_no_symlinks = fs->no_symlinks = 1;
-	req->fs = fs;
-	return 0;
-}
-
-/* The requests that take a path and so sbx_call_opts' file options. */
-static bool is_file_request(int kind)
-{
-	switch (kind) {
-	case SHIM__V1__REQUEST__KIND_STAT:
-	case SHIM__V1__REQUEST__KIND_READ:
-	case SHIM__V1__REQUEST__KIND_WRITE:
-	case SHIM__V1__REQUEST__KIND_LIST:
-	case SHIM__V1__REQUEST__KIND_MKDIR:
-	case SHIM__V1__REQUEST__KIND_REMOVE:
-	case SHIM__V1__REQUEST__KIND_RENAME:
-	case SHIM__V1__REQUEST__KIND_COPY:
-	case SHIM__V1__REQUEST__KIND_CHMOD:
-	case SHIM__V1__REQUEST__KIND_CHOWN:
-	case SHIM__V1__REQUEST__KIND_SYMLINK:
-	case SHIM__V1__REQUEST__KIND_READLINK:
-	case SHIM__V1__REQUEST__KIND_LINK:
-	case SHIM__V1__REQUEST__KIND_TRUNCATE:
-	case SHIM__V1__REQUEST__KIND_SET_TIMES:
-	case SHIM__V1__REQUEST__KIND_REALPATH:
-	case SHIM__V1__REQUEST__KIND_STATFS:
-	case SHIM__V1__REQUEST__KIND_WATCH:
-	case SHIM__V1__REQUEST__KIND_BACKUP:
-	case SHIM__V1__REQUEST__KIND_RESTORE:
-		return true;
-	default:
-		return false;
-	}
-}
-
-Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
-				   int kind, struct sbx_error *err)
-{
-	Shim__V1__Request with_fs;
-	Shim__V1__FsOptions fs;
-	if (opts != NULL && is_file_request((int)req->kind_case)) {
-		with_fs = *req;
-		if (sbx__fs_options(opts, &with_fs, &fs, err) < 0)
-			return NULL;
-		req = &with_fs;
-	}
-	uint64_t deadline = sbx__deadline(c, opts);
-	struct call *k = sbx__start_request(c, req, deadline, err);
-	if (k == NULL)
-		return NULL;
-	Shim__V1__Result *r = sbx__wait_result(k, deadline, opts ? opts->cancel : NULL, err);
-	sbx__call_free(k);
-	if (r != NULL && (int)r->kind_case != kind) {
-		shim__v1__result__free_unpacked(r, NULL);
-		sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim answered with another kind of result");
-		return NULL;
-	}
-	return r;
 }
 
 SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, struct sbx_info *dst,
@@ -343,27 +218,4 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	}
 	sbx__call_free(k);
 	return rc;
-}
-
-int sbx__download_data(struct call *k, struct sbx__download *d, const struct rx_item *it, uint64_t deadline,
-		       const char *path, struct sbx_error *err)
-{
-	if (d->fin)
-		return sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, path, "DATA after FIN from the shim");
-	if (it->len > 0) {
-		int e = d->sink(d->ud, it->data, it->len);
-		if (e != 0)
-			return sbx__fail(err, SBX_ERR_LOCAL, e, path, "the sink refused the data: %s", sbx_strerror(e));
-		d->got += it->len;
-		d->owed += it->len;
-	}
-	if (it->flags & FRAME_FLAG_FIN) {
-		d->fin = true;
-		return 0;
-	}
-	if (d->owed < SBX__DOWNLOAD_GRANT_BATCH)
-		return 0;
-	uint32_t n = d->owed;
-	d->owed = 0;
-	return sbx__call_grant(k, n, deadline, err);
 }

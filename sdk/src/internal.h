@@ -77,7 +77,7 @@ struct sbx_client {
 	struct sbx_error dead_err;
 	uint8_t *in;
 	size_t inlen, incap;
-	/* A big DATA frame whose payload is being read straight into its item (client.c);
+	/* A big DATA frame whose payload is being read straight into its item (reader.c);
 	 * touched only by the thread holding the reader role, and by client_destroy(). */
 	struct rx_item *part;
 	uint32_t part_stream;
@@ -129,8 +129,31 @@ int sbx__call_opts(const struct sbx_call_opts **opts, struct sbx_call_opts *full
 int sbx__transport_open(const char *target, int timeout_ms, int *fd, pid_t *child, bool *retry, struct sbx_error *err);
 void sbx__transport_reap(pid_t child);
 
-/* client.c */
+/* connect.c: targets and transports to a connected client (HELLO); closing it. */
+
+/* reader.c: the reader role. With mu held, by any thread: */
+/* the connection dies: every call ends with err, the reader stops, relays wake */
+void sbx__client_kill(struct sbx_client *c, const struct sbx_error *err);
+/* tell every relay to look again (frames for it, or the reader role is free) */
+void sbx__wake_relays(struct sbx_client *c);
+/* take the free reader role, read and route once (within timeout_ms; mu is dropped
+ * meanwhile), give the role back */
+void sbx__reader_turn(struct sbx_client *c, int timeout_ms);
+/* async calls completed on a dead connection, taken off its list; then run their
+ * on_done (without mu) */
+struct call *sbx__take_dead_async(struct sbx_client *c);
+void sbx__run_done(struct call *list);
+
+/* call.c: calls in flight, sending, waiting; cancel tokens; the generic request path. */
 uint64_t sbx__now_ns(void);
+/* now + ms; UINT64_MAX for ms < 0 */
+uint64_t sbx__deadline_after(int ms);
+/* milliseconds until deadline for poll(), capped at 60 s; 0 if passed */
+int sbx__poll_ms(uint64_t deadline);
+/* with mu held */
+void sbx__unlink_call(struct sbx_client *c, struct call *k);
+/* with mu held: give up on the call, dropping its queued frames */
+void sbx__call_abandon_locked(struct call *k);
 /* Absolute deadline for a call; UINT64_MAX for none. */
 uint64_t sbx__deadline(struct sbx_client *c, const struct sbx_call_opts *opts);
 struct call *sbx__call_new(struct sbx_client *c, bool stream);
@@ -203,7 +226,7 @@ void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_
 /* fs.c */
 void sbx__stat_from(struct sbx_stat *out, const Shim__V1__FileStat *f);
 
-/* calls.c: open a stream with a REQUEST; wait for its END and decode the Result
+/* call.c: open a stream with a REQUEST; wait for its END and decode the Result
  * (DATA and EVENTs are discarded). */
 struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
 				struct sbx_error *err);

@@ -1,4 +1,4 @@
-/* fuzz_rx.c: libFuzzer harness for libsbx's receiving side (sdk/src/client.c): bytes as from a shim, fed to a
+/* fuzz_rx.c: libFuzzer harness for libsbx's receiving side (sdk/src/reader.c): bytes as from a shim, fed to a
  * client over a socketpair while it has calls in flight; built without libFuzzer, fuzz_util.c's main() replays a
  * corpus. */
 #include "fuzz.h"

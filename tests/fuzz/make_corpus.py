@@ -303,7 +303,7 @@ def rx_seeds():
     s["download-small"] = (0x00, ok_dl + ok_req + pong(1) + pong(2))
     s["download-small-trace"] = (RX_TRACE, ok_dl + ok_req + pong(1) + pong(2))
     # DATA of at least 4 KiB not all in one read: read straight into its item, then the
-    # frames after it guessed to be DATA of the same kind (client.c, RX_DIRECT_MIN)
+    # frames after it guessed to be DATA of the same kind (reader.c, RX_DIRECT_MIN)
     big = b"".join(data(DL, pattern(5000, i)) for i in range(4)) + data(DL, b"", fin=True)
     s["download-direct"] = (rx_chunks(4, 3), big + frame(END, DL, result_read(20000)) + ok_req)
     s["download-direct-2"] = (rx_chunks(2, 9), big + frame(END, DL, result_read(20000)))

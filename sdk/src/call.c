@@ -1,0 +1,647 @@
+/* call.c: one call on a connection: sending frames and REQUESTs, the calls in flight,
+ * waiting for what a call needs (frames, credit, its end), cancel tokens, and the generic
+ * request path the families build on (start, wait for the Result, file options). */
+#include "internal.h"
+#include "describe.h"
+#include "shim.pb-c.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t sbx__now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t sbx__deadline_after(int ms)
+{
+	if (ms < 0)
+		return UINT64_MAX;
+	return sbx__now_ns() + (uint64_t)ms * 1000000u;
+}
+
+uint64_t sbx__deadline(struct sbx_client *c, const struct sbx_call_opts *opts)
+{
+	int ms = opts != NULL ? opts->timeout_ms : 0;
+	if (ms == 0)
+		ms = c->default_timeout_ms > 0 ? c->default_timeout_ms : -1;
+	return sbx__deadline_after(ms);
+}
+
+/* Milliseconds until deadline for poll(), capped; 0 if passed. */
+int sbx__poll_ms(uint64_t deadline)
+{
+	if (deadline == UINT64_MAX)
+		return 60000;
+	uint64_t now = sbx__now_ns();
+	if (now >= deadline)
+		return 0;
+	uint64_t ms = (deadline - now + 999999u) / 1000000u;
+	return ms > 60000 ? 60000 : (int)ms;
+}
+
+void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_hdr *h, const uint8_t *p)
+{
+	if (c->trace == NULL)
+		return;
+	char line[1200];
+	int n = snprintf(line, sizeof(line), "%s ", dir);
+	frame_describe(h, p, line + n, sizeof(line) - (size_t)n);
+	c->trace(c->trace_ud, line);
+}
+
+/* ---- sending ---- */
+
+/* How long a frame whose call timed out half-way through writing it may take to finish. */
+#define FINISH_FRAME_MS 5000
+
+/* Write one frame; the caller holds wmu. */
+static int send_locked(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
+		       uint64_t deadline, struct sbx_error *err)
+{
+	uint8_t hdr[FRAME_HDR_LEN];
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
+	frame_put_hdr(hdr, &h);
+	struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)(uintptr_t)p, len}};
+	size_t total = sizeof(hdr) + len, sent = 0;
+	struct sbx_error e;
+	bool broken = false, late = false;
+
+	sbx__trace_frame(c, ">", &h, p);
+	while (sent < total) {
+		struct iovec v[2];
+		int n = 0;
+		size_t skip = sent;
+		for (int i = 0; i < 2; i++) {
+			if (skip >= iov[i].iov_len) {
+				skip -= iov[i].iov_len;
+				continue;
+			}
+			v[n].iov_base = (uint8_t *)iov[i].iov_base + skip;
+			v[n].iov_len = iov[i].iov_len - skip;
+			skip = 0;
+			n++;
+		}
+		struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
+		ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+		if (w < 0 && errno == ENOTSOCK)
+			w = writev(c->fd, v, n);
+		if (w >= 0) {
+			sent += (size_t)w;
+			continue;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN) {
+			int ms = sbx__poll_ms(deadline);
+			if (ms == 0 && sent > 0 && !late) {
+				/* Half a frame on the wire would break the stream of frames for
+				 * every call on this connection: a frame once started is finished,
+				 * past this call's deadline if need be; the call still fails. */
+				late = true;
+				deadline = sbx__now_ns() + (uint64_t)FINISH_FRAME_MS * 1000000u;
+				ms = sbx__poll_ms(deadline);
+			}
+			if (ms > 0) {
+				struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+				poll(&pf, 1, ms); /* ready, timed out or EINTR: look again */
+				continue;
+			}
+			if (late) {
+				sbx__fail(&e, SBX_ERR_CONNECT, ETIMEDOUT, NULL,
+					  "the shim stopped reading in the middle of a frame");
+				broken = true;
+			} else {
+				sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+			}
+			goto fail;
+		}
+		int en = errno;
+		sbx__fail(&e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
+			  strerror(en));
+		broken = true;
+		goto fail;
+	}
+	if (late) {
+		sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+		goto fail;
+	}
+	return 0;
+fail:
+	if (broken) {
+		pthread_mutex_lock(&c->mu);
+		sbx__client_kill(c, &e);
+		pthread_mutex_unlock(&c->mu);
+	}
+	sbx__copy_error(err, &e);
+	return -1;
+}
+
+int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
+	      uint64_t deadline, struct sbx_error *err)
+{
+	pthread_mutex_lock(&c->wmu);
+	int rc = send_locked(c, stream, type, flags, p, len, deadline, err);
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
+}
+
+int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	/* The id is taken and the REQUEST written under one lock: ids must reach the
+	 * shim in increasing order, whatever the threads do. */
+	pthread_mutex_lock(&c->wmu);
+	pthread_mutex_lock(&c->mu);
+	k->id = c->next_id;
+	c->next_id += 2;
+	pthread_mutex_unlock(&c->mu);
+	int rc = send_locked(c, k->id, FRAME_REQUEST, 0, p, len, deadline, err);
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
+}
+
+void sbx__unlink_call(struct sbx_client *c, struct call *k)
+{
+	for (struct call **pp = &c->calls; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == k) {
+			*pp = k->next;
+			c->ncalls--;
+			return;
+		}
+	}
+}
+
+/* ---- calls ---- */
+
+struct call *sbx__call_new(struct sbx_client *c, bool stream)
+{
+	struct call *k = calloc(1, sizeof(*k));
+	if (k == NULL)
+		return NULL;
+	k->client = c;
+	k->start_ns = sbx__now_ns();
+	pthread_mutex_lock(&c->mu);
+	if (stream) {
+		k->is_stream = true; /* the id comes with sbx__send_request() */
+		k->send_credit = c->peer_window;
+		k->recv_credit = c->my_window;
+	} else {
+		k->ping_seq = ++c->next_ping;
+	}
+	k->next = c->calls;
+	c->calls = k;
+	c->ncalls++;
+	if (c->dead) {
+		k->done = true;
+		k->err = c->dead_err;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return k;
+}
+
+void sbx__call_abandon_locked(struct call *k)
+{
+	k->abandoned = true;
+	struct rx_item *it = k->rx_head;
+	while (it != NULL) {
+		struct rx_item *next = it->next;
+		sbx__rx_free(it);
+		it = next;
+	}
+	k->rx_head = k->rx_tail = NULL;
+	k->rx_bytes = 0;
+}
+
+static bool token_fired(const struct sbx_cancel *tok)
+{
+	return tok != NULL && __atomic_load_n(&tok->fired, __ATOMIC_ACQUIRE);
+}
+
+static void token_attach(struct sbx_cancel *tok, struct sbx_client *c)
+{
+	if (tok == NULL)
+		return;
+	pthread_mutex_lock(&tok->mu);
+	tok->client = c;
+	pthread_mutex_unlock(&tok->mu);
+}
+
+/* Wait with mu held until cond(k) or failure. Takes the reader role when free. */
+static int wait_until(struct call *k, bool (*cond)(const struct call *), uint64_t deadline, struct sbx_cancel *tok,
+		      struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	while (!cond(k)) {
+		if (k->done || c->dead)
+			return 1; /* caller inspects k->err */
+		if (token_fired(tok))
+			return sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
+		uint64_t now = sbx__now_ns();
+		if (now >= deadline)
+			return sbx__fail(err, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out waiting for the shim");
+		if (!c->reading) {
+			sbx__reader_turn(c, sbx__poll_ms(deadline));
+		} else {
+			struct timespec ts;
+			uint64_t until = deadline;
+			if (until - now > 1000000000u)
+				until = now + 1000000000u;
+			ts.tv_sec = (time_t)(until / 1000000000u);
+			ts.tv_nsec = (long)(until % 1000000000u);
+			pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+		}
+	}
+	return 0;
+}
+
+static bool has_rx(const struct call *k)
+{
+	return k->rx_head != NULL;
+}
+
+static bool has_credit(const struct call *k)
+{
+	return k->send_credit > 0;
+}
+
+/* Common tail of the waits: a failed wait abandons the call (CANCEL goes out). */
+static int finish_wait(struct call *k, int rc)
+{
+	struct sbx_client *c = k->client;
+	if (rc < 0) {
+		bool send_cancel = !k->done && k->id != 0 && !c->dead;
+		sbx__call_abandon_locked(k);
+		pthread_mutex_unlock(&c->mu);
+		if (send_cancel)
+			sbx__send(c, k->id, FRAME_CANCEL, 0, NULL, 0, sbx__deadline_after(2000), NULL);
+		return -1;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, has_rx, deadline, tok, err);
+	if (rc == 1) {
+		rc = 0;
+		if (k->rx_head == NULL && k->err.kind != SBX_ERR_NONE) {
+			sbx__copy_error(err, &k->err);
+			rc = -1;
+		}
+	}
+	rc = finish_wait(k, rc);
+	token_attach(tok, NULL);
+	return rc;
+}
+
+static bool has_rx_or_credit(const struct call *k)
+{
+	return k->rx_head != NULL || k->send_credit > 0;
+}
+
+int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
+		      struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, want_credit ? has_rx_or_credit : has_rx, deadline, tok, err);
+	if (rc == 1)
+		rc = 0; /* done: the caller sees it through sbx__call_done() */
+	rc = finish_wait(k, rc);
+	token_attach(tok, NULL);
+	return rc;
+}
+
+static bool has_rx_or_gone(const struct call *k)
+{
+	return k->rx_head != NULL || k->abandoned;
+}
+
+static bool has_credit_or_gone(const struct call *k)
+{
+	return k->send_credit > 0 || k->abandoned;
+}
+
+int sbx__call_wait_keep(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
+			struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	struct sbx_error e;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, want_credit ? has_credit_or_gone : has_rx_or_gone, deadline, tok, &e);
+	if (rc == 1)
+		rc = 0; /* done: the caller sees it through sbx__call_done() */
+	if (rc == 0 && k->abandoned) {
+		/* another thread gave up on the call (cancel token, failed wait) */
+		pthread_mutex_unlock(&c->mu);
+		rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
+	} else if (rc < 0 && e.code == ETIMEDOUT) {
+		/* the call stays alive: the caller may wait again */
+		pthread_mutex_unlock(&c->mu);
+		sbx__copy_error(err, &e);
+	} else {
+		if (rc < 0)
+			sbx__copy_error(err, &e);
+		rc = finish_wait(k, rc);
+	}
+	token_attach(tok, NULL);
+	return rc;
+}
+
+bool sbx__call_done(struct call *k)
+{
+	pthread_mutex_lock(&k->client->mu);
+	bool done = k->done && k->rx_head == NULL;
+	pthread_mutex_unlock(&k->client->mu);
+	return done;
+}
+
+int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	token_attach(tok, c);
+	pthread_mutex_lock(&c->mu);
+	int rc = wait_until(k, has_credit, deadline, tok, err);
+	if (rc == 1) {
+		/* the stream ended while we wanted to send */
+		if (k->err.kind != SBX_ERR_NONE) {
+			sbx__copy_error(err, &k->err);
+			rc = -1;
+		} else {
+			rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim ended the stream early");
+		}
+	}
+	int64_t credit = k->send_credit;
+	rc = finish_wait(k, rc);
+	token_attach(tok, NULL);
+	return rc < 0 ? -1 : credit;
+}
+
+struct rx_item *sbx__call_pop(struct call *k)
+{
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->mu);
+	struct rx_item *it = k->rx_head;
+	if (it != NULL) {
+		k->rx_head = it->next;
+		if (k->rx_head == NULL)
+			k->rx_tail = NULL;
+		if (it->type == FRAME_DATA)
+			k->rx_bytes -= it->len;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return it;
+}
+
+int sbx__call_grant(struct call *k, uint32_t n, uint64_t deadline, struct sbx_error *err)
+{
+	uint8_t p[4];
+	if (n == 0)
+		return 0;
+	/* counted before it is sent: DATA using it cannot arrive earlier */
+	pthread_mutex_lock(&k->client->mu);
+	k->recv_credit += n;
+	pthread_mutex_unlock(&k->client->mu);
+	frame_put_u32(p, n);
+	return sbx__send(k->client, k->id, FRAME_WINDOW, 0, p, sizeof(p), deadline, err);
+}
+
+void sbx__call_free(struct call *k)
+{
+	if (k == NULL)
+		return;
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->mu);
+	bool send_cancel = !k->done && !k->abandoned && k->id != 0 && !c->dead;
+	sbx__call_abandon_locked(k);
+	sbx__unlink_call(c, k);
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (send_cancel)
+		sbx__send(c, k->id, FRAME_CANCEL, 0, NULL, 0, sbx__deadline_after(2000), NULL);
+	free(k->result);
+	free(k);
+}
+
+SBX_API unsigned sbx_client_pending(struct sbx_client *c)
+{
+	pthread_mutex_lock(&c->mu);
+	unsigned n = c->ncalls;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* ---- cancel tokens ---- */
+
+SBX_API struct sbx_cancel *sbx_cancel_new(void)
+{
+	struct sbx_cancel *t = calloc(1, sizeof(*t));
+	if (t != NULL)
+		pthread_mutex_init(&t->mu, NULL);
+	return t;
+}
+
+SBX_API void sbx_cancel_fire(struct sbx_cancel *t)
+{
+	if (t == NULL)
+		return;
+	pthread_mutex_lock(&t->mu);
+	__atomic_store_n(&t->fired, true, __ATOMIC_RELEASE);
+	struct sbx_client *c = t->client;
+	if (c != NULL) {
+		/* wake both kinds of waiter: a reader in poll and threads on the condvar */
+		uint64_t one = 1;
+		ssize_t w = write(c->wakefd, &one, sizeof(one));
+		(void)w;
+		pthread_mutex_lock(&c->mu);
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+	}
+	pthread_mutex_unlock(&t->mu);
+}
+
+SBX_API void sbx_cancel_reset(struct sbx_cancel *t)
+{
+	if (t != NULL)
+		__atomic_store_n(&t->fired, false, __ATOMIC_RELEASE);
+}
+
+SBX_API int sbx_cancel_fired(const struct sbx_cancel *t)
+{
+	return token_fired(t);
+}
+
+SBX_API void sbx_cancel_free(struct sbx_cancel *t)
+{
+	if (t == NULL)
+		return;
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+}
+
+/* ---- the generic request path ---- */
+
+/* Open a stream with a REQUEST carrying req. */
+struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
+				struct sbx_error *err)
+{
+	struct call *k = sbx__call_new(c, true);
+	if (k == NULL) {
+		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	size_t n = shim__v1__request__get_packed_size(req);
+	uint8_t small[512];
+	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
+	if (buf == NULL) {
+		sbx__call_free(k);
+		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	shim__v1__request__pack(req, buf);
+	int rc = sbx__send_request(k, buf, n, deadline, err);
+	if (buf != small)
+		free(buf);
+	if (rc < 0) {
+		sbx__call_free(k);
+		return NULL;
+	}
+	return k;
+}
+
+/* Wait for the END of a call that sends nothing more, and decode its Result. */
+Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
+{
+	for (;;) {
+		if (sbx__call_wait(k, deadline, tok, err) < 0)
+			return NULL;
+		struct rx_item *it = sbx__call_pop(k);
+		if (it == NULL)
+			break;    /* done */
+		sbx__rx_free(it); /* DATA or EVENT this caller does not want */
+	}
+	if (k->err.kind != SBX_ERR_NONE) {
+		sbx__copy_error(err, &k->err);
+		return NULL;
+	}
+	Shim__V1__Result *r = shim__v1__result__unpack(NULL, k->result_len, k->result);
+	if (r == NULL)
+		sbx__fail(err, SBX_ERR_PROTOCOL, EBADMSG, NULL, "undecodable Result from the shim");
+	return r;
+}
+
+int sbx__fs_options(const struct sbx_call_opts *opts, Shim__V1__Request *req, Shim__V1__FsOptions *fs,
+		    struct sbx_error *err)
+{
+	if (opts == NULL)
+		return 0;
+	if ((opts->resolve & ~(SBX_RESOLVE_NO_FOLLOW | SBX_RESOLVE_NO_SYMLINKS)) != 0)
+		return sbx__fail(err, SBX_ERR_LOCAL, EINVAL, NULL, "unknown resolve flags %#x", opts->resolve);
+	bool user = opts->user != NULL && opts->user[0] != '\0';
+	bool group = opts->group != NULL && opts->group[0] != '\0';
+	if (!user && !group && opts->resolve == 0)
+		return 0;
+	shim__v1__fs_options__init(fs);
+	fs->user = user ? (char *)opts->user : NULL;
+	fs->group = group ? (char *)opts->group : NULL;
+	if (opts->resolve & SBX_RESOLVE_NO_FOLLOW)
+		fs->has_no_follow = fs->no_follow = 1;
+	if (opts->resolve & SBX_RESOLVE_NO_SYMLINKS)
+		fs->has_no_symlinks = fs->no_symlinks = 1;
+	req->fs = fs;
+	return 0;
+}
+
+/* The requests that take a path and so sbx_call_opts' file options. */
+static bool is_file_request(int kind)
+{
+	switch (kind) {
+	case SHIM__V1__REQUEST__KIND_STAT:
+	case SHIM__V1__REQUEST__KIND_READ:
+	case SHIM__V1__REQUEST__KIND_WRITE:
+	case SHIM__V1__REQUEST__KIND_LIST:
+	case SHIM__V1__REQUEST__KIND_MKDIR:
+	case SHIM__V1__REQUEST__KIND_REMOVE:
+	case SHIM__V1__REQUEST__KIND_RENAME:
+	case SHIM__V1__REQUEST__KIND_COPY:
+	case SHIM__V1__REQUEST__KIND_CHMOD:
+	case SHIM__V1__REQUEST__KIND_CHOWN:
+	case SHIM__V1__REQUEST__KIND_SYMLINK:
+	case SHIM__V1__REQUEST__KIND_READLINK:
+	case SHIM__V1__REQUEST__KIND_LINK:
+	case SHIM__V1__REQUEST__KIND_TRUNCATE:
+	case SHIM__V1__REQUEST__KIND_SET_TIMES:
+	case SHIM__V1__REQUEST__KIND_REALPATH:
+	case SHIM__V1__REQUEST__KIND_STATFS:
+	case SHIM__V1__REQUEST__KIND_WATCH:
+	case SHIM__V1__REQUEST__KIND_BACKUP:
+	case SHIM__V1__REQUEST__KIND_RESTORE:
+		return true;
+	default:
+		return false;
+	}
+}
+
+Shim__V1__Result *sbx__call_simple(struct sbx_client *c, const struct sbx_call_opts *opts, const Shim__V1__Request *req,
+				   int kind, struct sbx_error *err)
+{
+	Shim__V1__Request with_fs;
+	Shim__V1__FsOptions fs;
+	if (opts != NULL && is_file_request((int)req->kind_case)) {
+		with_fs = *req;
+		if (sbx__fs_options(opts, &with_fs, &fs, err) < 0)
+			return NULL;
+		req = &with_fs;
+	}
+	uint64_t deadline = sbx__deadline(c, opts);
+	struct call *k = sbx__start_request(c, req, deadline, err);
+	if (k == NULL)
+		return NULL;
+	Shim__V1__Result *r = sbx__wait_result(k, deadline, opts ? opts->cancel : NULL, err);
+	sbx__call_free(k);
+	if (r != NULL && (int)r->kind_case != kind) {
+		shim__v1__result__free_unpacked(r, NULL);
+		sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim answered with another kind of result");
+		return NULL;
+	}
+	return r;
+}
+
+int sbx__download_data(struct call *k, struct sbx__download *d, const struct rx_item *it, uint64_t deadline,
+		       const char *path, struct sbx_error *err)
+{
+	if (d->fin)
+		return sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, path, "DATA after FIN from the shim");
+	if (it->len > 0) {
+		int e = d->sink(d->ud, it->data, it->len);
+		if (e != 0)
+			return sbx__fail(err, SBX_ERR_LOCAL, e, path, "the sink refused the data: %s", sbx_strerror(e));
+		d->got += it->len;
+		d->owed += it->len;
+	}
+	if (it->flags & FRAME_FLAG_FIN) {
+		d->fin = true;
+		return 0;
+	}
+	if (d->owed < SBX__DOWNLOAD_GRANT_BATCH)
+		return 0;
+	uint32_t n = d->owed;
+	d->owed = 0;
+	return sbx__call_grant(k, n, deadline, err);
+}
