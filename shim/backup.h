@@ -1,5 +1,5 @@
 /* backup.h: backups and restores: what the loop side (op_backup.c) and the worker side
- * (backup_walk.c, restore.c) share. */
+ * (backup_walk.c, backup_write.c, restore.c) share. */
 #ifndef SHIM_BACKUP_H
 #define SHIM_BACKUP_H
 
@@ -24,7 +24,7 @@ struct stream;
  * talks to the loop while it runs: the loop hands it bytes or takes bytes from it
  * under mu, and it wakes the loop with async. At most --max-jobs run at once; the
  * others wait in a queue on the loop, holding no thread (op_backup.c). */
-struct bjob {
+struct backup_job {
 	struct stream *st; /* NULL once the stream has gone (cancel, disconnect) */
 	struct ev_loop *loop;
 	struct work work;
@@ -36,7 +36,7 @@ struct bjob {
 	bool finished;                   /* run() has returned (loop side) */
 	bool queued;                     /* waiting for a slot of --max-jobs (loop side) */
 	bool running;                    /* counted in the running jobs (loop side) */
-	struct bjob *qnext;              /* the queue of waiting jobs */
+	struct backup_job *qnext;        /* the queue of waiting jobs */
 	uint64_t items, bytes;           /* progress, written by the worker (atomics) */
 	uint64_t sent_items, sent_bytes; /* what the last EVENT said */
 	int rc;
@@ -48,10 +48,10 @@ struct bjob {
 
 /* The default --max-jobs: backups and restores running at once, each on a thread of
  * its own (and a backup's walker on another); the next ones wait queued. */
-#define BJOB_DEFAULT_MAX 16
+#define BACKUP_JOB_DEFAULT_MAX 16
 
 /* True once the loop has cancelled the job: the worker stops at its next check. */
-bool bjob_cancelled(struct bjob *j);
+bool op_backup_job_cancelled(struct backup_job *j);
 
 /* ---- backup ---- */
 
@@ -67,7 +67,7 @@ bool bjob_cancelled(struct bjob *j);
 
 enum { BKB_FREE, BKB_FILLING, BKB_READY };
 
-struct bk_buf {
+struct backup_buf {
 	uint8_t *data;
 	size_t len;    /* bytes in data */
 	size_t sent;   /* loop: bytes of data already queued as DATA */
@@ -78,14 +78,14 @@ struct bk_buf {
 
 /* Paths for the record (skipped, changed): all counted, the first kept up to a byte
  * budget (the record must fit in one frame anyway). */
-struct bk_list {
+struct backup_list {
 	char **v;
 	size_t n, cap, bytes;
 	uint64_t total;
 };
 
-struct bk {
-	struct bjob j;
+struct backup {
+	struct backup_job j;
 	/* the request */
 	struct fs_path dir;
 	size_t dir_len; /* dir.abs without trailing slashes ("/" -> 0) */
@@ -98,7 +98,7 @@ struct bk {
 	bool has_to;
 	struct fs_path to;
 	/* the handoff */
-	struct bk_buf buf[BK_NBUF];
+	struct backup_buf buf[BK_NBUF];
 	unsigned nbuf;         /* of them in use */
 	size_t held;           /* bytes of the daemon's budget they are (stream_reserve) */
 	bool counted;          /* in jobs_running (op_backup.c) */
@@ -109,51 +109,51 @@ struct bk {
 	struct sha256_ctx sha; /* streaming: either side (bk_hash_step); worker side with to_path */
 	/* the result (worker) */
 	uint64_t entries, source_bytes, archive_bytes;
-	struct bk_list skipped, changed;
+	struct backup_list skipped, changed;
 	char id[37];
 	char created_at[32];
 	char sha_hex[65];
 };
 
-/* On the worker: walk b->dir and write the archive through bk_output(); to a temp
+/* On the worker: walk b->dir and write the archive through op_backup_output(); to a temp
  * file beside b->to when b->has_to (renamed into place at the end). 0, or -1 with
  * b->j.err set. */
-int bk_run(struct bk *b);
+int backup_write_run(struct backup *b);
 /* On the worker: len archive bytes for the stream (copied into the handoff buffers,
  * waiting for the loop to take them when all are full). -1 (ECANCELED) once the job
  * is cancelled. */
-int bk_output(struct bk *b, const void *data, size_t len);
+int op_backup_output(struct backup *b, const void *data, size_t len);
 /* On the worker: hand the buffer being filled to the loop (the end of the stream). */
-int bk_output_flush(struct bk *b);
+int op_backup_output_flush(struct backup *b);
 /* On any job thread with nothing better to do: put the next piece of the stream
- * that is ready into its sha256 (arg: the struct bk). True if it did. */
-bool bk_hash_idle(void *arg);
+ * that is ready into its sha256 (arg: the struct backup). True if it did. */
+bool op_backup_hash_idle(void *arg);
 
-void bk_list_free(struct bk_list *l);
+void op_backup_list_free(struct backup_list *l);
 /* Add path to the list (counted always, kept within its budget). -1 (ENOMEM). */
-int bk_list_add(struct bk_list *l, const char *path, size_t len);
+int backup_walk_list_add(struct backup_list *l, const char *path, size_t len);
 /* DIR/rel as the client sees it, for errors and the record: member is a member
  * name ("./a/b"). The length written. */
-size_t bk_client_path(const struct bk *b, const char *member, char *buf, size_t size);
+size_t backup_walk_client_path(const struct backup *b, const char *member, char *buf, size_t size);
 
 /* The walker (backup_walk.c): a thread of its own that walks b->dir and hands each
  * entry to the writer through a queue (backup_queue.h). */
-struct bq;
-struct bk_walk;
+struct backup_queue;
+struct backup_walk;
 /* Open DIR and get ready; NULL with *err. */
-struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err);
+struct backup_walk *backup_walk_new(struct backup *b, struct shim_err *err);
 /* Leave out name and tmp in the directory (dev, ino): the archive being written. */
-void bk_walk_skip(struct bk_walk *w, dev_t dev, ino_t ino, const char *name, const char *tmp);
+void backup_walk_skip(struct backup_walk *w, dev_t dev, ino_t ino, const char *name, const char *tmp);
 /* Start the thread. -1 with *err. */
-int bk_walk_start(struct bk_walk *w, struct bq *q, struct shim_err *err);
+int backup_walk_start(struct backup_walk *w, struct backup_queue *q, struct shim_err *err);
 /* Stop the thread (if it runs) and wait for it. */
-void bk_walk_stop(struct bk_walk *w);
-void bk_walk_free(struct bk_walk *w);
+void backup_walk_stop(struct backup_walk *w);
+void backup_walk_free(struct backup_walk *w);
 
 /* ---- restore ---- */
 
-struct rs {
-	struct bjob j;
+struct restore_job {
+	struct backup_job j;
 	/* the request */
 	struct fs_path dir;
 	bool merge, allow_devices;
@@ -191,26 +191,26 @@ struct rs {
 
 /* On the worker: extract the stream into r->dir (see restore.c). 0, or -1 with
  * r->j.err set. */
-int rs_run(struct rs *r);
+int restore_run(struct restore_job *r);
 /* On the worker: the next piece of the client's stream. *buf points into the ring
  * until the next call; 0 at the end of the stream, -1 (ECANCELED) once cancelled. */
-ssize_t rs_input(struct rs *r, const void **buf);
+ssize_t op_backup_restore_input(struct restore_job *r, const void **buf);
 /* On the worker: the stream offset of p if it points into the ring (at bytes handed
- * out by rs_input), else UINT64_MAX. Bytes from there may be pinned: */
-uint64_t rs_ring_offset(struct rs *r, const void *p);
+ * out by op_backup_restore_input), else UINT64_MAX. Bytes from there may be pinned: */
+uint64_t op_backup_restore_ring_offset(struct restore_job *r, const void *p);
 /* On the worker: keep the ring's bytes of the last piece up to end (a stream offset,
- * from rs_ring_offset) until rs_unpin(end): the file writer writes them from where
+ * from op_backup_restore_ring_offset) until op_backup_restore_unpin(end): the file writer writes them from where
  * they are. Pinned and unpinned in stream order. */
-void rs_pin(struct rs *r, uint64_t end);
+void op_backup_restore_pin(struct restore_job *r, uint64_t end);
 /* On the file writer's thread: the pinned bytes up to end are written. */
-void rs_unpin(struct rs *r, uint64_t end);
+void op_backup_restore_unpin(struct restore_job *r, uint64_t end);
 
 /* A C.UTF-8 LC_CTYPE locale for uselocale() on the job's thread, or (locale_t)0 if
  * the system has none: libarchive then stores names in UTF-8 as they are (in the C
  * locale every name with a byte >= 0x80 would be stored as raw bytes). */
-locale_t bk_utf8_locale(void);
+locale_t op_backup_utf8_locale(void);
 
 /* Lowercase hex of a sha256 digest into out[65]. */
-void bk_sha_hex(struct sha256_ctx *ctx, char out[65]);
+void op_backup_sha_hex(struct sha256_ctx *ctx, char out[65]);
 
 #endif

@@ -16,7 +16,7 @@
 
 /* ---- user and group names ---- */
 
-struct bk_idname {
+struct backup_meta_idname {
 	uint32_t id;
 	uint32_t line; /* position in the file: the first line of an id wins */
 	char *name;
@@ -24,7 +24,7 @@ struct bk_idname {
 
 static int idname_cmp(const void *x, const void *y)
 {
-	const struct bk_idname *a = x, *b = y;
+	const struct backup_meta_idname *a = x, *b = y;
 	if (a->id != b->id)
 		return a->id < b->id ? -1 : 1;
 	return a->line < b->line ? -1 : a->line > b->line;
@@ -32,7 +32,7 @@ static int idname_cmp(const void *x, const void *y)
 
 /* "name:password:id:..." lines; NIS "+" and "-" lines and comments skipped. A file
  * that cannot be read gives no names (the archive then has numbers only). */
-static void names_load(struct bk_names *t)
+static void names_load(struct backup_meta_names *t)
 {
 	t->loaded = true;
 	int fd = open(t->file, O_RDONLY | O_CLOEXEC);
@@ -62,13 +62,13 @@ static void names_load(struct bk_names *t)
 			if (ep != c2 + 1 && *ep == ':' && id <= UINT32_MAX) {
 				if (t->n == cap) {
 					cap = cap ? cap * 2 : 64;
-					struct bk_idname *nv = realloc(t->v, cap * sizeof(*nv));
+					struct backup_meta_idname *nv = realloc(t->v, cap * sizeof(*nv));
 					if (nv == NULL)
 						break;
 					t->v = nv;
 				}
 				*c1 = '\0';
-				t->v[t->n++] = (struct bk_idname){(uint32_t)id, line, p};
+				t->v[t->n++] = (struct backup_meta_idname){(uint32_t)id, line, p};
 			}
 		}
 		p = end + 1;
@@ -77,7 +77,7 @@ static void names_load(struct bk_names *t)
 	qsort(t->v, t->n, sizeof(*t->v), idname_cmp);
 }
 
-const char *bk_name_of(struct bk_names *t, uint32_t id)
+const char *backup_meta_name_of(struct backup_meta_names *t, uint32_t id)
 {
 	if (!t->loaded)
 		names_load(t);
@@ -98,7 +98,7 @@ const char *bk_name_of(struct bk_names *t, uint32_t id)
 	return t->last;
 }
 
-void bk_names_free(struct bk_names *t)
+void backup_meta_names_free(struct backup_meta_names *t)
 {
 	free(t->v);
 	free(t->blob);
@@ -108,36 +108,36 @@ void bk_names_free(struct bk_names *t)
 
 /* ---- hard links ---- */
 
-struct bk_link {
-	struct bk_link *next;
+struct backup_meta_link {
+	struct backup_meta_link *next;
 	dev_t dev;
 	ino_t ino;
 	nlink_t left; /* links still to meet */
 	char name[];
 };
 
-static size_t link_hash(const struct bk_links *t, dev_t dev, ino_t ino)
+static size_t link_hash(const struct backup_meta_links *t, dev_t dev, ino_t ino)
 {
 	uint64_t h = ((uint64_t)ino * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)dev * 0xc2b2ae3d27d4eb4full);
 	return (size_t)(h >> 20) & (t->nbuckets - 1);
 }
 
-const char *bk_link_find(const struct bk_links *t, dev_t dev, ino_t ino)
+const char *backup_meta_link_find(const struct backup_meta_links *t, dev_t dev, ino_t ino)
 {
 	if (t->n == 0)
 		return NULL;
-	for (struct bk_link *l = t->b[link_hash(t, dev, ino)]; l != NULL; l = l->next)
+	for (struct backup_meta_link *l = t->b[link_hash(t, dev, ino)]; l != NULL; l = l->next)
 		if (l->dev == dev && l->ino == ino)
 			return l->name;
 	return NULL;
 }
 
-void bk_link_met(struct bk_links *t, dev_t dev, ino_t ino)
+void backup_meta_link_met(struct backup_meta_links *t, dev_t dev, ino_t ino)
 {
 	if (t->n == 0)
 		return;
-	for (struct bk_link **pp = &t->b[link_hash(t, dev, ino)]; *pp != NULL; pp = &(*pp)->next) {
-		struct bk_link *l = *pp;
+	for (struct backup_meta_link **pp = &t->b[link_hash(t, dev, ino)]; *pp != NULL; pp = &(*pp)->next) {
+		struct backup_meta_link *l = *pp;
 		if (l->dev != dev || l->ino != ino)
 			continue;
 		if (--l->left == 0) {
@@ -149,19 +149,19 @@ void bk_link_met(struct bk_links *t, dev_t dev, ino_t ino)
 	}
 }
 
-int bk_link_add(struct bk_links *t, dev_t dev, ino_t ino, nlink_t nlink, const char *name)
+int backup_meta_link_add(struct backup_meta_links *t, dev_t dev, ino_t ino, nlink_t nlink, const char *name)
 {
 	if (t->n >= t->nbuckets) {
 		size_t nb = t->nbuckets ? t->nbuckets * 2 : 1024;
-		struct bk_link **nt = calloc(nb, sizeof(*nt));
+		struct backup_meta_link **nt = calloc(nb, sizeof(*nt));
 		if (nt == NULL)
 			return -1;
 		size_t ob = t->nbuckets;
-		struct bk_link **old = t->b;
+		struct backup_meta_link **old = t->b;
 		t->b = nt;
 		t->nbuckets = nb;
 		for (size_t i = 0; i < ob; i++) {
-			for (struct bk_link *l = old[i], *next; l != NULL; l = next) {
+			for (struct backup_meta_link *l = old[i], *next; l != NULL; l = next) {
 				next = l->next;
 				size_t h = link_hash(t, l->dev, l->ino);
 				l->next = nt[h];
@@ -171,7 +171,7 @@ int bk_link_add(struct bk_links *t, dev_t dev, ino_t ino, nlink_t nlink, const c
 		free(old);
 	}
 	size_t len = strlen(name);
-	struct bk_link *l = malloc(sizeof(*l) + len + 1);
+	struct backup_meta_link *l = malloc(sizeof(*l) + len + 1);
 	if (l == NULL)
 		return -1;
 	l->dev = dev;
@@ -185,10 +185,10 @@ int bk_link_add(struct bk_links *t, dev_t dev, ino_t ino, nlink_t nlink, const c
 	return 0;
 }
 
-void bk_links_free(struct bk_links *t)
+void backup_meta_links_free(struct backup_meta_links *t)
 {
 	for (size_t i = 0; i < t->nbuckets; i++) {
-		for (struct bk_link *l = t->b[i], *next; l != NULL; l = next) {
+		for (struct backup_meta_link *l = t->b[i], *next; l != NULL; l = next) {
 			next = l->next;
 			free(l);
 		}
@@ -199,13 +199,13 @@ void bk_links_free(struct bk_links *t)
 
 /* ---- excludes ---- */
 
-struct bk_pattern {
+struct backup_meta_pattern {
 	char *pat;
 	bool dir_only; /* it ended with '/' */
 	bool anchored; /* it started with "./" or "/" */
 };
 
-int bk_excludes_init(struct bk_excludes *x, char **patterns, size_t n)
+int backup_meta_excludes_init(struct backup_meta_excludes *x, char **patterns, size_t n)
 {
 	x->n = 0;
 	x->v = NULL;
@@ -236,17 +236,17 @@ int bk_excludes_init(struct bk_excludes *x, char **patterns, size_t n)
 		}
 		if (len == 0)
 			continue; /* "./" or "/": DIR itself, never excluded */
-		x->v[x->n++] = (struct bk_pattern){p, dir_only, anchored};
+		x->v[x->n++] = (struct backup_meta_pattern){p, dir_only, anchored};
 	}
 	return 0;
 }
 
 /* Matched against the path below DIR ("a/b", not the member name "./a/b", which
  * every pattern starting with a wildcard would match) and each of its tails. */
-bool bk_excluded(const struct bk_excludes *x, const char *rel, bool is_dir)
+bool backup_meta_excluded(const struct backup_meta_excludes *x, const char *rel, bool is_dir)
 {
 	for (size_t i = 0; i < x->n; i++) {
-		const struct bk_pattern *p = &x->v[i];
+		const struct backup_meta_pattern *p = &x->v[i];
 		if (p->dir_only && !is_dir)
 			continue;
 		if (fnmatch(p->pat, rel, 0) == 0)
@@ -260,7 +260,7 @@ bool bk_excluded(const struct bk_excludes *x, const char *rel, bool is_dir)
 	return false;
 }
 
-void bk_excludes_free(struct bk_excludes *x)
+void backup_meta_excludes_free(struct backup_meta_excludes *x)
 {
 	free(x->v);
 	x->v = NULL;
@@ -281,7 +281,7 @@ struct xattr_args_compat {
 
 static bool no_xattrat; /* the kernel (or a seccomp filter) refuses *xattrat */
 
-ssize_t bk_xattr_list_at(int dfd, const char *name, char *buf, size_t size)
+ssize_t backup_meta_xattr_list_at(int dfd, const char *name, char *buf, size_t size)
 {
 	if (!__atomic_load_n(&no_xattrat, __ATOMIC_RELAXED)) {
 		long n = syscall(SYS_listxattrat, dfd, name, AT_SYMLINK_NOFOLLOW, buf, size);
@@ -296,7 +296,7 @@ ssize_t bk_xattr_list_at(int dfd, const char *name, char *buf, size_t size)
 	return llistxattr(p, buf, size);
 }
 
-ssize_t bk_xattr_get_at(int dfd, const char *name, const char *key, void *buf, size_t size)
+ssize_t backup_meta_xattr_get_at(int dfd, const char *name, const char *key, void *buf, size_t size)
 {
 	if (!__atomic_load_n(&no_xattrat, __ATOMIC_RELAXED)) {
 		struct xattr_args_compat args = {(uint64_t)(uintptr_t)buf, (uint32_t)size, 0};

@@ -25,16 +25,16 @@
  * not for each record: one wakeup per entry would cost a context switch each. The
  * waits are timed, so a side also finds what is there (or a cancel) on its own:
  * at worst POLL_NS later, e.g. while the other is stuck in a syscall on a hung
- * filesystem (bq_join then interrupts it).
+ * filesystem (backup_queue_join then interrupts it).
  */
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
-#define HDR ALIGN16(sizeof(struct bq_rec))
+#define HDR ALIGN16(sizeof(struct backup_queue_rec))
 #define HEAP_OVER (BQ_RING / 4)
 #define POLL_NS 20000000ull /* how often a waiting side looks for itself */
 #define BQ_BATCH 64
 
-int bq_init(struct bq *q, struct bjob *j)
+int backup_queue_init(struct backup_queue *q, struct backup_job *j)
 {
 	memset(q, 0, sizeof(*q));
 	q->j = j;
@@ -61,23 +61,23 @@ int bq_init(struct bq *q, struct bjob *j)
 }
 
 /* The record at head, past a wrap marker; with mu held and used > 0. */
-static struct bq_rec *at_head(struct bq *q)
+static struct backup_queue_rec *at_head(struct backup_queue *q)
 {
-	struct bq_rec *r = (struct bq_rec *)(void *)(q->ring + q->head);
+	struct backup_queue_rec *r = (struct backup_queue_rec *)(void *)(q->ring + q->head);
 	if (r->size == 0) {
 		q->used -= BQ_RING - q->head;
 		q->head = 0;
-		r = (struct bq_rec *)(void *)q->ring;
+		r = (struct backup_queue_rec *)(void *)q->ring;
 	}
 	return r;
 }
 
-void bq_free(struct bq *q)
+void backup_queue_free(struct backup_queue *q)
 {
 	if (q->ring == NULL)
 		return;
 	while (q->used > 0) {
-		struct bq_rec *r = at_head(q);
+		struct backup_queue_rec *r = at_head(q);
 		if ((r->flags & BQF_FD) && r->fd >= 0)
 			close(r->fd);
 		if (r->heap)
@@ -92,7 +92,7 @@ void bq_free(struct bq *q)
 }
 
 /* With mu held: wait on cv at most ns (*flag set meanwhile, if not NULL). */
-static void timed_wait(struct bq *q, bool *flag, uint64_t ns)
+static void timed_wait(struct backup_queue *q, bool *flag, uint64_t ns)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -107,13 +107,13 @@ static void timed_wait(struct bq *q, bool *flag, uint64_t ns)
 }
 
 /* With mu held: wake whoever waits, now. */
-static void wake_all(struct bq *q)
+static void wake_all(struct backup_queue *q)
 {
 	if (q->producer_waits || q->consumer_waits)
 		pthread_cond_broadcast(&q->cv);
 }
 
-struct bq_rec *bq_reserve(struct bq *q, size_t payload, bool with_fd)
+struct backup_queue_rec *backup_queue_reserve(struct backup_queue *q, size_t payload, bool with_fd)
 {
 	bool heap = payload > HEAP_OVER;
 	size_t need = HDR + (heap ? 0 : ALIGN16(payload));
@@ -123,16 +123,16 @@ struct bq_rec *bq_reserve(struct bq *q, size_t payload, bool with_fd)
 		return NULL;
 	}
 	pthread_mutex_lock(&q->mu);
-	struct bq_rec *r = NULL;
+	struct backup_queue_rec *r = NULL;
 	for (;;) {
-		if (q->stop || bjob_cancelled(q->j)) {
+		if (q->stop || op_backup_job_cancelled(q->j)) {
 			errno = ECANCELED;
 			break;
 		}
 		size_t waste = q->tail + need > BQ_RING ? BQ_RING - q->tail : 0;
 		if (q->used + waste + need <= BQ_RING && (!with_fd || q->fds < q->max_fds)) {
 			size_t pos = waste ? 0 : q->tail;
-			r = (struct bq_rec *)(void *)(q->ring + pos);
+			r = (struct backup_queue_rec *)(void *)(q->ring + pos);
 			break;
 		}
 		if (q->idle_fn != NULL) {
@@ -158,13 +158,13 @@ struct bq_rec *bq_reserve(struct bq *q, size_t payload, bool with_fd)
 	return r;
 }
 
-void bq_commit(struct bq *q, struct bq_rec *r)
+void backup_queue_commit(struct backup_queue *q, struct backup_queue_rec *r)
 {
 	size_t pos = (size_t)((uint8_t *)r - q->ring);
 	pthread_mutex_lock(&q->mu);
 	if (pos != q->tail) {
 		/* it went to the start: mark the rest of the ring as skipped */
-		((struct bq_rec *)(void *)(q->ring + q->tail))->size = 0;
+		((struct backup_queue_rec *)(void *)(q->ring + q->tail))->size = 0;
 		q->used += BQ_RING - q->tail;
 	}
 	q->used += r->size;
@@ -177,14 +177,14 @@ void bq_commit(struct bq *q, struct bq_rec *r)
 	pthread_mutex_unlock(&q->mu);
 }
 
-void bq_abandon(struct bq *q, struct bq_rec *r)
+void backup_queue_abandon(struct backup_queue *q, struct backup_queue_rec *r)
 {
 	(void)q;
 	if (r->heap)
 		free(r->payload);
 }
 
-void bq_finish(struct bq *q, int rc, const struct shim_err *err)
+void backup_queue_finish(struct backup_queue *q, int rc, const struct shim_err *err)
 {
 	pthread_mutex_lock(&q->mu);
 	q->done = true;
@@ -196,7 +196,7 @@ void bq_finish(struct bq *q, int rc, const struct shim_err *err)
 }
 
 /* With mu held: r is done with. */
-static void release_locked(struct bq *q, struct bq_rec *r)
+static void release_locked(struct backup_queue *q, struct backup_queue_rec *r)
 {
 	q->used -= r->size;
 	q->head = (q->head + r->size) % BQ_RING;
@@ -207,23 +207,23 @@ static void release_locked(struct bq *q, struct bq_rec *r)
 		pthread_cond_broadcast(&q->cv);
 }
 
-struct bq_rec *bq_next(struct bq *q, struct bq_rec *done)
+struct backup_queue_rec *backup_queue_next(struct backup_queue *q, struct backup_queue_rec *done)
 {
 	if (done != NULL && done->heap)
 		free(done->payload);
 	pthread_mutex_lock(&q->mu);
 	if (done != NULL)
 		release_locked(q, done);
-	struct bq_rec *r = NULL;
-	while (q->used == 0 && !q->done && !bjob_cancelled(q->j))
+	struct backup_queue_rec *r = NULL;
+	while (q->used == 0 && !q->done && !op_backup_job_cancelled(q->j))
 		timed_wait(q, &q->consumer_waits, POLL_NS);
-	if (q->used > 0 && !bjob_cancelled(q->j))
+	if (q->used > 0 && !op_backup_job_cancelled(q->j))
 		r = at_head(q);
 	pthread_mutex_unlock(&q->mu);
 	return r;
 }
 
-void bq_release(struct bq *q, struct bq_rec *r)
+void backup_queue_release(struct backup_queue *q, struct backup_queue_rec *r)
 {
 	if (r->heap)
 		free(r->payload);
@@ -232,7 +232,7 @@ void bq_release(struct bq *q, struct bq_rec *r)
 	pthread_mutex_unlock(&q->mu);
 }
 
-void bq_stop(struct bq *q)
+void backup_queue_stop(struct backup_queue *q)
 {
 	pthread_mutex_lock(&q->mu);
 	__atomic_store_n(&q->stop, true, __ATOMIC_RELEASE);
@@ -240,7 +240,7 @@ void bq_stop(struct bq *q)
 	pthread_mutex_unlock(&q->mu);
 }
 
-int bq_spawn(struct bq *q, void *(*fn)(void *), void *arg)
+int backup_queue_spawn(struct backup_queue *q, void *(*fn)(void *), void *arg)
 {
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
@@ -251,7 +251,7 @@ int bq_spawn(struct bq *q, void *(*fn)(void *), void *arg)
 	return rc;
 }
 
-void bq_helper_exit(struct bq *q)
+void backup_queue_helper_exit(struct backup_queue *q)
 {
 	pthread_mutex_lock(&q->mu);
 	q->exited = true;
@@ -259,13 +259,13 @@ void bq_helper_exit(struct bq *q)
 	pthread_mutex_unlock(&q->mu);
 }
 
-void bq_join(struct bq *q)
+void backup_queue_join(struct backup_queue *q)
 {
 	if (!q->helper_started)
 		return;
 	pthread_mutex_lock(&q->mu);
 	while (!q->exited) {
-		if (q->stop || bjob_cancelled(q->j))
+		if (q->stop || op_backup_job_cancelled(q->j))
 			pthread_kill(q->helper, FS_CANCEL_SIGNAL);
 		timed_wait(q, NULL, 100000000ull);
 	}

@@ -14,7 +14,7 @@
 
 #include "err.h"
 
-struct bjob;
+struct backup_job;
 
 /* Bytes of records waiting at most, and open files among them. A record is one
  * entry: its stat, member name, link target, xattrs, sparse map and, for a small
@@ -35,18 +35,18 @@ enum {
 	BQF_CHOWN = 32, /* give it st_uid/st_gid */
 };
 
-struct bq_region {
+struct backup_queue_region {
 	int64_t off, len;
 };
 
-struct bq_rec {
+struct backup_queue_rec {
 	uint32_t size; /* bytes of the record in the ring (0: a wrap marker) */
 	uint32_t flags;
 	int fd;
 	struct stat st;
 	uint32_t name_len, link_len; /* each followed by a NUL */
-	uint32_t xattr_bytes;        /* xattrs (bq_xattr_put/get) */
-	uint32_t nreg;               /* sparse map: struct bq_region[nreg] */
+	uint32_t xattr_bytes;        /* xattrs (backup_queue_xattr_put/get) */
+	uint32_t nreg;               /* sparse map: struct backup_queue_region[nreg] */
 	uint64_t data_len;           /* inline data (less than st_size if the file shrank) */
 	int64_t off;                 /* restore: where the data goes in the file */
 	uint32_t aux;                /* restore: the mode the file got when created (RF_MODE_UNKNOWN) */
@@ -56,14 +56,14 @@ struct bq_rec {
 	bool heap;                   /* payload malloc'd: too big for the ring */
 };
 
-struct bq {
-	struct bjob *j;
+struct backup_queue {
+	struct backup_job *j;
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* either side waits here: the other signals when it waits */
 	uint8_t *ring;
 	size_t head, tail, used; /* bytes in use from head (wrap markers included) */
 	unsigned fds;            /* records with an open fd in the ring */
-	unsigned max_fds;        /* ...at most (bq_init: from RLIMIT_NOFILE) */
+	unsigned max_fds;        /* ...at most (backup_queue_init: from RLIMIT_NOFILE) */
 	bool done;               /* the producer has pushed its last record */
 	int rc;                  /* and how it ended: 0, or -1 with err */
 	struct shim_err err;
@@ -81,74 +81,74 @@ struct bq {
 	bool exited; /* it is about to return: no more signals to it */
 };
 
-int bq_init(struct bq *q, struct bjob *j);
+int backup_queue_init(struct backup_queue *q, struct backup_job *j);
 /* Close the fds of records nobody will take, free the ring. */
-void bq_free(struct bq *q);
+void backup_queue_free(struct backup_queue *q);
 
 /* Producer: room for a record with payload bytes (waits for the consumer). NULL when
  * the consumer stopped or the job is cancelled (ECANCELED), or ENOMEM for a payload
  * too big for the ring that could not be malloc'd. */
-struct bq_rec *bq_reserve(struct bq *q, size_t payload, bool with_fd);
+struct backup_queue_rec *backup_queue_reserve(struct backup_queue *q, size_t payload, bool with_fd);
 /* Producer: hand over the reserved record. */
-void bq_commit(struct bq *q, struct bq_rec *r);
+void backup_queue_commit(struct backup_queue *q, struct backup_queue_rec *r);
 /* Producer: give the reserved record back unused (closes nothing). */
-void bq_abandon(struct bq *q, struct bq_rec *r);
+void backup_queue_abandon(struct backup_queue *q, struct backup_queue_rec *r);
 /* Producer: no more records; rc 0, or -1 with *err. */
-void bq_finish(struct bq *q, int rc, const struct shim_err *err);
+void backup_queue_finish(struct backup_queue *q, int rc, const struct shim_err *err);
 
-/* Consumer: done with the record done (if not NULL: as bq_release), and the next
+/* Consumer: done with the record done (if not NULL: as backup_queue_release), and the next
  * one, waiting for it; NULL at the end (q->rc says how) or once cancelled. */
-struct bq_rec *bq_next(struct bq *q, struct bq_rec *done);
-/* Consumer: done with the record from bq_next (its fd closed or taken). */
-void bq_release(struct bq *q, struct bq_rec *r);
-/* Consumer: stop the producer (an error, a cancel): its bq_reserve fails. */
-void bq_stop(struct bq *q);
+struct backup_queue_rec *backup_queue_next(struct backup_queue *q, struct backup_queue_rec *done);
+/* Consumer: done with the record from backup_queue_next (its fd closed or taken). */
+void backup_queue_release(struct backup_queue *q, struct backup_queue_rec *r);
+/* Consumer: stop the producer (an error, a cancel): its backup_queue_reserve fails. */
+void backup_queue_stop(struct backup_queue *q);
 
 /* Start fn(arg) as the job's helper thread, on the other side of q: a small stack,
  * and the worker's signal mask (the interrupt signal gets through, so a syscall
  * stuck on a hung filesystem can be made to return). 0, or an errno. */
-int bq_spawn(struct bq *q, void *(*fn)(void *), void *arg);
+int backup_queue_spawn(struct backup_queue *q, void *(*fn)(void *), void *arg);
 /* Helper thread: the last thing it does before it returns. */
-void bq_helper_exit(struct bq *q);
+void backup_queue_helper_exit(struct backup_queue *q);
 /* Wait until the helper has returned (if it was started). Once q->stop is set or the
  * job is cancelled it is sent the interrupt signal every 100 ms meanwhile. */
-void bq_join(struct bq *q);
+void backup_queue_join(struct backup_queue *q);
 
 /* Did the file change while it was read? fstat of the open file against st (size,
  * mtime, inode) sets *changed. -1 with errno if fstat fails. */
-int bk_file_changed(int fd, const struct stat *st, bool *changed);
+int backup_walk_file_changed(int fd, const struct stat *st, bool *changed);
 
 /* Accessors of a record's payload. */
-static inline const char *bq_name(const struct bq_rec *r)
+static inline const char *backup_queue_name(const struct backup_queue_rec *r)
 {
 	return (const char *)r->payload;
 }
-static inline const char *bq_link(const struct bq_rec *r)
+static inline const char *backup_queue_link(const struct backup_queue_rec *r)
 {
 	return (const char *)r->payload + r->name_len + 1;
 }
-static inline uint8_t *bq_xattrs(const struct bq_rec *r)
+static inline uint8_t *backup_queue_xattrs(const struct backup_queue_rec *r)
 {
 	return r->payload + r->name_len + 1 + r->link_len + 1;
 }
-static inline struct bq_region *bq_regions(const struct bq_rec *r)
+static inline struct backup_queue_region *backup_queue_regions(const struct backup_queue_rec *r)
 {
 	size_t off = r->name_len + 1 + r->link_len + 1 + r->xattr_bytes;
 	off = (off + 7) & ~(size_t)7;
-	return (struct bq_region *)(void *)(r->payload + off);
+	return (struct backup_queue_region *)(void *)(r->payload + off);
 }
-static inline uint8_t *bq_data(const struct bq_rec *r)
+static inline uint8_t *backup_queue_data(const struct backup_queue_rec *r)
 {
-	return (uint8_t *)(bq_regions(r) + r->nreg);
+	return (uint8_t *)(backup_queue_regions(r) + r->nreg);
 }
 /* The xattrs of a record, one after the other: u32 key length, u32 value length, the
  * key and a NUL, the value. Bytes one takes: */
-static inline size_t bq_xattr_size(size_t klen, size_t vlen)
+static inline size_t backup_queue_xattr_size(size_t klen, size_t vlen)
 {
 	return 8 + klen + 1 + vlen;
 }
 /* Put one at p; where the next one goes. */
-static inline uint8_t *bq_xattr_put(uint8_t *p, const char *key, size_t klen, const void *val, size_t vlen)
+static inline uint8_t *backup_queue_xattr_put(uint8_t *p, const char *key, size_t klen, const void *val, size_t vlen)
 {
 	uint32_t k = (uint32_t)klen, v = (uint32_t)vlen;
 	memcpy(p, &k, 4);
@@ -156,10 +156,10 @@ static inline uint8_t *bq_xattr_put(uint8_t *p, const char *key, size_t klen, co
 	memcpy(p + 8, key, klen);
 	p[8 + klen] = '\0';
 	memcpy(p + 8 + klen + 1, val, vlen);
-	return p + bq_xattr_size(klen, vlen);
+	return p + backup_queue_xattr_size(klen, vlen);
 }
 /* The one at p; where the next one is. */
-static inline const uint8_t *bq_xattr_get(const uint8_t *p, const char **key, const void **val, size_t *vlen)
+static inline const uint8_t *backup_queue_xattr_get(const uint8_t *p, const char **key, const void **val, size_t *vlen)
 {
 	uint32_t k, v;
 	memcpy(&k, p, 4);
@@ -167,15 +167,16 @@ static inline const uint8_t *bq_xattr_get(const uint8_t *p, const char **key, co
 	*key = (const char *)p + 8;
 	*val = p + 8 + k + 1;
 	*vlen = v;
-	return p + bq_xattr_size(k, v);
+	return p + backup_queue_xattr_size(k, v);
 }
 
 /* Payload bytes for these sizes (as laid out by the accessors above). */
-static inline size_t bq_payload_size(size_t name_len, size_t link_len, size_t xattr_bytes, size_t nreg, size_t data_len)
+static inline size_t backup_queue_payload_size(size_t name_len, size_t link_len, size_t xattr_bytes, size_t nreg,
+					       size_t data_len)
 {
 	size_t off = name_len + 1 + link_len + 1 + xattr_bytes;
 	off = (off + 7) & ~(size_t)7;
-	return off + nreg * sizeof(struct bq_region) + data_len;
+	return off + nreg * sizeof(struct backup_queue_region) + data_len;
 }
 
 #endif

@@ -90,9 +90,9 @@ struct level {
 	bool holds_to;
 };
 
-struct bk_walk {
-	struct bk *b;
-	struct bq *q;
+struct backup_walk {
+	struct backup *b;
+	struct backup_queue *q;
 	struct shim_err err;
 	bool err_set; /* err holds the first error: keep it */
 	dev_t root_dev;
@@ -104,10 +104,10 @@ struct bk_walk {
 	char *xlist, *xval;
 	uint8_t *xbuf; /* the entry's xattrs, as the record carries them */
 	size_t xlen, xcap;
-	struct bq_region *reg;
+	struct backup_queue_region *reg;
 	size_t nreg, cap_reg;
-	struct bk_links links;
-	struct bk_excludes ex;
+	struct backup_meta_links links;
+	struct backup_meta_excludes ex;
 	/* to_path: its directory and the names there that are left out */
 	bool has_to;
 	dev_t to_dev;
@@ -117,7 +117,7 @@ struct bk_walk {
 
 /* ---- errors and lists (shared with the writer) ---- */
 
-size_t bk_client_path(const struct bk *b, const char *member, char *buf, size_t size)
+size_t backup_walk_client_path(const struct backup *b, const char *member, char *buf, size_t size)
 {
 	const char *rel = member[0] == '.' && member[1] == '/' ? member + 2 : "";
 	int n = snprintf(buf, size, "%.*s%s%s", (int)b->dir_len, b->dir.abs, *rel || b->dir_len == 0 ? "/" : "", rel);
@@ -126,7 +126,7 @@ size_t bk_client_path(const struct bk *b, const char *member, char *buf, size_t 
 	return (size_t)n < size ? (size_t)n : size - 1;
 }
 
-int bk_list_add(struct bk_list *l, const char *path, size_t len)
+int backup_walk_list_add(struct backup_list *l, const char *path, size_t len)
 {
 	l->total++;
 	if (l->bytes + len > LIST_BUDGET)
@@ -147,24 +147,24 @@ int bk_list_add(struct bk_list *l, const char *path, size_t len)
 	return 0;
 }
 
-static int fail(struct bk_walk *w, int code, const char *what)
+static int fail(struct backup_walk *w, int code, const char *what)
 {
 	if (w->err_set)
 		return -1;
 	char p[PATH_MAX + 64];
-	size_t n = bk_client_path(w->b, w->name, p, sizeof(p));
+	size_t n = backup_walk_client_path(w->b, w->name, p, sizeof(p));
 	w->err_set = true;
 	return err_setn(&w->err, code, p, n, "backup: %s", what);
 }
 
 /* A file or directory we may not read: fail, or leave it out and list it in the
  * record's skipped (the walker's alone). */
-static int unreadable(struct bk_walk *w, int code, const char *what)
+static int unreadable(struct backup_walk *w, int code, const char *what)
 {
 	if ((code == EACCES || code == EPERM) && w->b->skip_unreadable) {
 		char p[PATH_MAX + WALK_NAME_MAX + 2];
-		size_t n = bk_client_path(w->b, w->name, p, sizeof(p));
-		if (bk_list_add(&w->b->skipped, p, n) < 0)
+		size_t n = backup_walk_client_path(w->b, w->name, p, sizeof(p));
+		if (backup_walk_list_add(&w->b->skipped, p, n) < 0)
 			return fail(w, ENOMEM, "out of memory");
 		return 0;
 	}
@@ -172,9 +172,9 @@ static int unreadable(struct bk_walk *w, int code, const char *what)
 }
 
 /* Cancelled, or the writer stopped (it failed). */
-static bool cancelled(struct bk_walk *w)
+static bool cancelled(struct backup_walk *w)
 {
-	return bjob_cancelled(&w->b->j) || __atomic_load_n(&w->q->stop, __ATOMIC_ACQUIRE);
+	return op_backup_job_cancelled(&w->b->j) || __atomic_load_n(&w->q->stop, __ATOMIC_ACQUIRE);
 }
 
 /* ---- xattrs ---- */
@@ -190,24 +190,24 @@ static bool xattr_ignorable(int e)
  * XATTR_LIST_MAX): ask with a small one first, the full size only on ERANGE. */
 #define XATTR_SMALL 1024
 
-static ssize_t list_xattrs(struct bk_walk *w, int fd, int dfd, const char *name, size_t size)
+static ssize_t list_xattrs(struct backup_walk *w, int fd, int dfd, const char *name, size_t size)
 {
-	return fd >= 0 ? flistxattr(fd, w->xlist, size) : bk_xattr_list_at(dfd, name, w->xlist, size);
+	return fd >= 0 ? flistxattr(fd, w->xlist, size) : backup_meta_xattr_list_at(dfd, name, w->xlist, size);
 }
 
-static ssize_t get_xattr(struct bk_walk *w, int fd, int dfd, const char *name, const char *key)
+static ssize_t get_xattr(struct backup_walk *w, int fd, int dfd, const char *name, const char *key)
 {
 	ssize_t v = fd >= 0 ? fgetxattr(fd, key, w->xval, XATTR_SMALL) :
-			      bk_xattr_get_at(dfd, name, key, w->xval, XATTR_SMALL);
+			      backup_meta_xattr_get_at(dfd, name, key, w->xval, XATTR_SMALL);
 	if (v < 0 && errno == ERANGE)
 		v = fd >= 0 ? fgetxattr(fd, key, w->xval, XATTR_SIZE_MAX) :
-			      bk_xattr_get_at(dfd, name, key, w->xval, XATTR_SIZE_MAX);
+			      backup_meta_xattr_get_at(dfd, name, key, w->xval, XATTR_SIZE_MAX);
 	return v;
 }
 
-static int xbuf_add(struct bk_walk *w, const char *key, size_t klen, const void *val, size_t vlen)
+static int xbuf_add(struct backup_walk *w, const char *key, size_t klen, const void *val, size_t vlen)
 {
-	size_t need = w->xlen + bq_xattr_size(klen, vlen);
+	size_t need = w->xlen + backup_queue_xattr_size(klen, vlen);
 	if (need > w->xcap) {
 		size_t ncap = w->xcap ? w->xcap : 4096;
 		while (ncap < need)
@@ -218,13 +218,13 @@ static int xbuf_add(struct bk_walk *w, const char *key, size_t klen, const void 
 		w->xbuf = nb;
 		w->xcap = ncap;
 	}
-	bq_xattr_put(w->xbuf + w->xlen, key, klen, val, vlen);
+	backup_queue_xattr_put(w->xbuf + w->xlen, key, klen, val, vlen);
 	w->xlen = need;
 	return 0;
 }
 
 /* The entry's xattrs into w->xbuf: through fd when it has one, else dfd/name. */
-static int get_xattrs(struct bk_walk *w, int fd, int dfd, const char *name)
+static int get_xattrs(struct backup_walk *w, int fd, int dfd, const char *name)
 {
 	w->xlen = 0;
 	ssize_t n = list_xattrs(w, fd, dfd, name, XATTR_SMALL);
@@ -255,13 +255,13 @@ static int get_xattrs(struct bk_walk *w, int fd, int dfd, const char *name)
 /* A record for the entry w->name with stat st: link (a symlink's target or the first
  * name of a hard link, per flags), the xattrs gathered in w->xbuf (none for a hard
  * link), w->reg's regions, and room for data_len bytes of data. NULL once failed. */
-static struct bq_rec *rec_new(struct bk_walk *w, const struct stat *st, uint32_t flags, const char *link,
-			      size_t data_len)
+static struct backup_queue_rec *rec_new(struct backup_walk *w, const struct stat *st, uint32_t flags, const char *link,
+					size_t data_len)
 {
 	size_t name_len = strlen(w->name), link_len = link != NULL ? strlen(link) : 0;
 	size_t xlen = flags & BQF_HARDLINK ? 0 : w->xlen;
-	size_t payload = bq_payload_size(name_len, link_len, xlen, w->nreg, data_len);
-	struct bq_rec *r = bq_reserve(w->q, payload, flags & BQF_FD);
+	size_t payload = backup_queue_payload_size(name_len, link_len, xlen, w->nreg, data_len);
+	struct backup_queue_rec *r = backup_queue_reserve(w->q, payload, flags & BQF_FD);
 	if (r == NULL) {
 		fail(w, errno, errno == ENOMEM ? "out of memory" : "cancelled");
 		return NULL;
@@ -279,25 +279,25 @@ static struct bq_rec *rec_new(struct bk_walk *w, const struct stat *st, uint32_t
 		memcpy(l, link, link_len);
 	l[link_len] = '\0';
 	if (xlen > 0)
-		memcpy(bq_xattrs(r), w->xbuf, xlen);
+		memcpy(backup_queue_xattrs(r), w->xbuf, xlen);
 	if (w->nreg > 0)
-		memcpy(bq_regions(r), w->reg, w->nreg * sizeof(*w->reg));
+		memcpy(backup_queue_regions(r), w->reg, w->nreg * sizeof(*w->reg));
 	return r;
 }
 
 /* A header-only record (directory, symlink, node, empty file, hard link). */
-static int put_header(struct bk_walk *w, const struct stat *st, int fd, int dfd, const char *name, const char *symlink,
-		      const char *hardlink)
+static int put_header(struct backup_walk *w, const struct stat *st, int fd, int dfd, const char *name,
+		      const char *symlink, const char *hardlink)
 {
 	w->nreg = 0;
 	w->xlen = 0;
 	if (hardlink == NULL && get_xattrs(w, fd, dfd, name) < 0)
 		return -1;
 	uint32_t flags = hardlink != NULL ? BQF_HARDLINK : symlink != NULL ? BQF_SYMLINK : 0;
-	struct bq_rec *r = rec_new(w, st, flags, hardlink != NULL ? hardlink : symlink, 0);
+	struct backup_queue_rec *r = rec_new(w, st, flags, hardlink != NULL ? hardlink : symlink, 0);
 	if (r == NULL)
 		return -1;
-	bq_commit(w->q, r);
+	backup_queue_commit(w->q, r);
 	return 0;
 }
 
@@ -306,7 +306,7 @@ static int put_header(struct bk_walk *w, const struct stat *st, int fd, int dfd,
 /* A backup leaves atimes alone (and spares the filesystem the inode writes): with
  * O_NOATIME where we may use it, i.e. as the owner or with CAP_FOWNER; EPERM (a
  * user namespace that does not map the owner) just costs one more open. */
-static int open_noatime(struct bk_walk *w, int dfd, const char *name, int flags, const struct stat *st)
+static int open_noatime(struct backup_walk *w, int dfd, const char *name, int flags, const struct stat *st)
 {
 	if (w->euid == 0 || st->st_uid == w->euid) {
 		int fd = openat(dfd, name, flags | O_NOATIME);
@@ -316,24 +316,24 @@ static int open_noatime(struct bk_walk *w, int dfd, const char *name, int flags,
 	return openat(dfd, name, flags);
 }
 
-static int add_region(struct bk_walk *w, off_t off, off_t len)
+static int add_region(struct backup_walk *w, off_t off, off_t len)
 {
 	if (w->nreg == w->cap_reg) {
 		size_t ncap = w->cap_reg ? w->cap_reg * 2 : 16;
-		struct bq_region *nr = realloc(w->reg, ncap * sizeof(*nr));
+		struct backup_queue_region *nr = realloc(w->reg, ncap * sizeof(*nr));
 		if (nr == NULL)
 			return fail(w, ENOMEM, "out of memory");
 		w->reg = nr;
 		w->cap_reg = ncap;
 	}
-	w->reg[w->nreg++] = (struct bq_region){off, len};
+	w->reg[w->nreg++] = (struct backup_queue_region){off, len};
 	return 0;
 }
 
 /* A file with fewer blocks than its size: find its data regions. Leaves w->nreg 0
  * when the file turns out not to be sparse (one region covering it all: inline
  * data, compression) or the filesystem cannot tell. */
-static int probe_holes(struct bk_walk *w, int fd, off_t size)
+static int probe_holes(struct backup_walk *w, int fd, off_t size)
 {
 	w->nreg = 0;
 	off_t pos = 0;
@@ -368,7 +368,7 @@ static int probe_holes(struct bk_walk *w, int fd, off_t size)
 	return 0;
 }
 
-int bk_file_changed(int fd, const struct stat *st, bool *changed)
+int backup_walk_file_changed(int fd, const struct stat *st, bool *changed)
 {
 	struct stat after;
 	if (fstat(fd, &after) < 0)
@@ -380,12 +380,12 @@ int bk_file_changed(int fd, const struct stat *st, bool *changed)
 }
 
 /* A small file: read it whole into its record, then close it. */
-static int file_inline(struct bk_walk *w, const struct stat *st, int fd)
+static int file_inline(struct backup_walk *w, const struct stat *st, int fd)
 {
-	struct bq_rec *r = rec_new(w, st, 0, NULL, (size_t)st->st_size);
+	struct backup_queue_rec *r = rec_new(w, st, 0, NULL, (size_t)st->st_size);
 	if (r == NULL)
 		goto fail;
-	uint8_t *data = bq_data(r);
+	uint8_t *data = backup_queue_data(r);
 	size_t got = 0, want = (size_t)st->st_size;
 	while (got < want) {
 		ssize_t n = pread(fd, data + got, want - got, (off_t)got);
@@ -400,7 +400,7 @@ static int file_inline(struct bk_walk *w, const struct stat *st, int fd)
 		got += (size_t)n;
 	}
 	bool changed = got < want;
-	if (bk_file_changed(fd, st, &changed) < 0) {
+	if (backup_walk_file_changed(fd, st, &changed) < 0) {
 		fail(w, errno, "stat");
 		goto fail;
 	}
@@ -408,34 +408,34 @@ static int file_inline(struct bk_walk *w, const struct stat *st, int fd)
 	r->data_len = got;
 	if (changed)
 		r->flags |= BQF_CHANGED;
-	bq_commit(w->q, r);
+	backup_queue_commit(w->q, r);
 	return 0;
 fail:
 	if (r != NULL)
-		bq_abandon(w->q, r);
+		backup_queue_abandon(w->q, r);
 	close(fd);
 	return -1;
 }
 
-static int link_add(struct bk_walk *w, const struct stat *st)
+static int link_add(struct backup_walk *w, const struct stat *st)
 {
-	if (bk_link_add(&w->links, st->st_dev, st->st_ino, st->st_nlink, w->name) < 0)
+	if (backup_meta_link_add(&w->links, st->st_dev, st->st_ino, st->st_nlink, w->name) < 0)
 		return fail(w, ENOMEM, "out of memory");
 	return 0;
 }
 
 /* A regular file; fd: the file already open (open_first), or -1. */
-static int entry_file(struct bk_walk *w, struct level *L, const char *name, const struct stat *st, int fd)
+static int entry_file(struct backup_walk *w, struct level *L, const char *name, const struct stat *st, int fd)
 {
 	w->nreg = 0;
 	if (st->st_nlink > 1) {
-		const char *first = bk_link_find(&w->links, st->st_dev, st->st_ino);
+		const char *first = backup_meta_link_find(&w->links, st->st_dev, st->st_ino);
 		if (first != NULL) {
 			if (fd >= 0)
 				close(fd);
 			if (put_header(w, st, -1, L->fd, name, NULL, first) < 0)
 				return -1;
-			bk_link_met(&w->links, st->st_dev, st->st_ino);
+			backup_meta_link_met(&w->links, st->st_dev, st->st_ino);
 			return 0;
 		}
 	}
@@ -467,13 +467,13 @@ static int entry_file(struct bk_walk *w, struct level *L, const char *name, cons
 			if (file_inline(w, st, fd) < 0)
 				return -1;
 		} else {
-			struct bq_rec *r = rec_new(w, st, BQF_FD, NULL, 0);
+			struct backup_queue_rec *r = rec_new(w, st, BQF_FD, NULL, 0);
 			if (r == NULL) {
 				close(fd);
 				return -1;
 			}
 			r->fd = fd; /* the writer reads it and closes it */
-			bq_commit(w->q, r);
+			backup_queue_commit(w->q, r);
 		}
 	}
 	if (st->st_nlink > 1 && link_add(w, st) < 0)
@@ -482,9 +482,9 @@ static int entry_file(struct bk_walk *w, struct level *L, const char *name, cons
 }
 
 /* Symlinks, FIFOs, device nodes: a header only. */
-static int entry_other(struct bk_walk *w, struct level *L, const char *name, const struct stat *st)
+static int entry_other(struct backup_walk *w, struct level *L, const char *name, const struct stat *st)
 {
-	const char *first = st->st_nlink > 1 ? bk_link_find(&w->links, st->st_dev, st->st_ino) : NULL;
+	const char *first = st->st_nlink > 1 ? backup_meta_link_find(&w->links, st->st_dev, st->st_ino) : NULL;
 	char target[PATH_MAX + 1];
 	if (first == NULL && S_ISLNK(st->st_mode)) {
 		ssize_t n = readlinkat(L->fd, name, target, sizeof(target));
@@ -501,7 +501,7 @@ static int entry_other(struct bk_walk *w, struct level *L, const char *name, con
 		return -1;
 	if (st->st_nlink > 1) {
 		if (first != NULL)
-			bk_link_met(&w->links, st->st_dev, st->st_ino);
+			backup_meta_link_met(&w->links, st->st_dev, st->st_ino);
 		else if (link_add(w, st) < 0)
 			return -1;
 	}
@@ -511,7 +511,7 @@ static int entry_other(struct bk_walk *w, struct level *L, const char *name, con
 /* ---- the walk ---- */
 
 /* Make fd (the directory st, its entries named w->name[0, name_len)) the deepest level. */
-static int push_level(struct bk_walk *w, int fd, const struct stat *st, size_t name_len, bool holds_to)
+static int push_level(struct backup_walk *w, int fd, const struct stat *st, size_t name_len, bool holds_to)
 {
 	if (fs_walk_push(&w->walk, fd, st, -1) < 0)
 		return fail(w, errno, w->walk.fail == FS_WALK_FAIL_MEMORY ? "out of memory" : "stat");
@@ -521,7 +521,7 @@ static int push_level(struct bk_walk *w, int fd, const struct stat *st, size_t n
 }
 
 /* A directory; fd: the directory already open (open_first), or -1. */
-static int entry_dir(struct bk_walk *w, struct level *L, const char *name, const struct stat *st, size_t name_end,
+static int entry_dir(struct backup_walk *w, struct level *L, const char *name, const struct stat *st, size_t name_end,
 		     int fd)
 {
 	bool other_fs = st->st_dev != w->root_dev;
@@ -561,7 +561,7 @@ static int entry_dir(struct bk_walk *w, struct level *L, const char *name, const
  * does not own twice). 1 with *fd and *st when the open fd is the entry named in
  * type; 0 when it could not be opened or is something else by now: then the usual
  * fstatat path decides (an unreadable file fails or is skipped there, as always). */
-static int open_first(struct bk_walk *w, struct level *L, const char *name, unsigned char type, int *fd,
+static int open_first(struct backup_walk *w, struct level *L, const char *name, unsigned char type, int *fd,
 		      struct stat *st)
 {
 	if (!w->noatime_any || (type != DT_REG && type != DT_DIR))
@@ -584,7 +584,7 @@ static int open_first(struct bk_walk *w, struct level *L, const char *name, unsi
 	return 1;
 }
 
-static int walk_entry(struct bk_walk *w, struct level *L, const char *name, unsigned char type)
+static int walk_entry(struct backup_walk *w, struct level *L, const char *name, unsigned char type)
 {
 	size_t nlen = strlen(name);
 	if (L->name_len + nlen > WALK_NAME_MAX)
@@ -594,7 +594,8 @@ static int walk_entry(struct bk_walk *w, struct level *L, const char *name, unsi
 		return 0; /* the archive itself */
 	struct stat st;
 	int fd = -1;
-	if (w->ex.n > 0 && (type == DT_REG || type == DT_DIR) && bk_excluded(&w->ex, w->name + 2, type == DT_DIR))
+	if (w->ex.n > 0 && (type == DT_REG || type == DT_DIR) &&
+	    backup_meta_excluded(&w->ex, w->name + 2, type == DT_DIR))
 		return 0; /* (not opened only to be left out) */
 	if (open_first(w, L, name, type, &fd, &st)) {
 		if (type == DT_DIR)
@@ -606,7 +607,7 @@ static int walk_entry(struct bk_walk *w, struct level *L, const char *name, unsi
 			return 0; /* removed since getdents */
 		return unreadable(w, errno, "lstat");
 	}
-	if (w->ex.n > 0 && bk_excluded(&w->ex, w->name + 2, S_ISDIR(st.st_mode)))
+	if (w->ex.n > 0 && backup_meta_excluded(&w->ex, w->name + 2, S_ISDIR(st.st_mode)))
 		return 0;
 	switch (st.st_mode & S_IFMT) {
 	case S_IFDIR:
@@ -620,7 +621,7 @@ static int walk_entry(struct bk_walk *w, struct level *L, const char *name, unsi
 	}
 }
 
-static int walk_tree(struct bk_walk *w)
+static int walk_tree(struct backup_walk *w)
 {
 	for (;;) {
 		if (cancelled(w))
@@ -653,7 +654,7 @@ static int walk_tree(struct bk_walk *w)
 
 static void *walk_main(void *arg)
 {
-	struct bk_walk *w = arg;
+	struct backup_walk *w = arg;
 	pthread_setname_np(pthread_self(), "backup-walk"); /* top -H, perf */
 	/* the walk's syscalls as the request's identity (the job's worker entered it:
 	 * it took there, so it takes here) */
@@ -670,15 +671,15 @@ static void *walk_main(void *arg)
 	}
 	if (rc < 0 && !w->err_set)
 		fail(w, ECANCELED, "cancelled");
-	bq_finish(w->q, rc, &w->err);
+	backup_queue_finish(w->q, rc, &w->err);
 	/* the last thing it does: the writer may free w once it sees this */
-	bq_helper_exit(w->q);
+	backup_queue_helper_exit(w->q);
 	return NULL;
 }
 
-struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err)
+struct backup_walk *backup_walk_new(struct backup *b, struct shim_err *err)
 {
-	struct bk_walk *w = calloc(1, sizeof(*w));
+	struct backup_walk *w = calloc(1, sizeof(*w));
 	if (w == NULL) {
 		err_set(err, ENOMEM, b->dir.abs, "backup: out of memory");
 		return NULL;
@@ -689,7 +690,7 @@ struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err)
 	strcpy(w->name, ".");
 	w->xlist = malloc(XATTR_LIST_MAX);
 	w->xval = malloc(XATTR_SIZE_MAX);
-	if (w->xlist == NULL || w->xval == NULL || bk_excludes_init(&w->ex, b->excludes, b->n_excludes) < 0 ||
+	if (w->xlist == NULL || w->xval == NULL || backup_meta_excludes_init(&w->ex, b->excludes, b->n_excludes) < 0 ||
 	    fs_walk_init(&w->walk, FS_WALK_LEVEL_BUFS, sizeof(struct bk_level)) < 0) {
 		err_set(err, ENOMEM, b->dir.abs, "backup: out of memory");
 		goto fail;
@@ -709,11 +710,11 @@ struct bk_walk *bk_walk_new(struct bk *b, struct shim_err *err)
 	}
 	return w;
 fail:
-	bk_walk_free(w);
+	backup_walk_free(w);
 	return NULL;
 }
 
-void bk_walk_skip(struct bk_walk *w, dev_t dev, ino_t ino, const char *name, const char *tmp)
+void backup_walk_skip(struct backup_walk *w, dev_t dev, ino_t ino, const char *name, const char *tmp)
 {
 	w->has_to = true;
 	w->to_dev = dev;
@@ -723,34 +724,34 @@ void bk_walk_skip(struct bk_walk *w, dev_t dev, ino_t ino, const char *name, con
 	((struct bk_level *)fs_walk_data(&w->walk, 0))->holds_to = w->root_st.st_dev == dev && w->root_st.st_ino == ino;
 }
 
-int bk_walk_start(struct bk_walk *w, struct bq *q, struct shim_err *err)
+int backup_walk_start(struct backup_walk *w, struct backup_queue *q, struct shim_err *err)
 {
 	w->q = q;
-	int rc = bq_spawn(q, walk_main, w);
+	int rc = backup_queue_spawn(q, walk_main, w);
 	if (rc != 0)
 		return err_set(err, rc, w->b->dir.abs, "backup: cannot start the walker thread");
 	return 0;
 }
 
-void bk_walk_stop(struct bk_walk *w)
+void backup_walk_stop(struct backup_walk *w)
 {
 	if (w == NULL || w->q == NULL)
 		return;
-	bq_stop(w->q);
-	bq_join(w->q);
+	backup_queue_stop(w->q);
+	backup_queue_join(w->q);
 }
 
-void bk_walk_free(struct bk_walk *w)
+void backup_walk_free(struct backup_walk *w)
 {
 	if (w == NULL)
 		return;
-	bk_walk_stop(w);
+	backup_walk_stop(w);
 	fs_walk_free(&w->walk);
 	free(w->xlist);
 	free(w->xval);
 	free(w->xbuf);
 	free(w->reg);
-	bk_excludes_free(&w->ex);
-	bk_links_free(&w->links);
+	backup_meta_excludes_free(&w->ex);
+	backup_meta_links_free(&w->links);
 	free(w);
 }

@@ -25,15 +25,15 @@
 #define TAR_RECORD 10240        /* GNU tar's default record: 20 blocks of 512 bytes */
 
 struct wr {
-	struct bk *b;
-	struct bq q;
+	struct backup *b;
+	struct backup_queue q;
 	bool q_ready;
-	struct bk_walk *walk;
+	struct backup_walk *walk;
 	struct archive *a;
 	struct archive_entry *e;
-	const struct bq_rec *cur; /* the entry being written (for errors) */
+	const struct backup_queue_rec *cur; /* the entry being written (for errors) */
 	uint8_t *rbuf;
-	struct bk_names users, groups;
+	struct backup_meta_names users, groups;
 	bool err_set; /* b->j.err holds the first error: keep it */
 	bool failing; /* closing after a failure: no more output */
 	bool closed;  /* archive_write_close() called (never twice: 3.6 would reuse freed state) */
@@ -53,7 +53,7 @@ static int fail(struct wr *w, int code, const char *what)
 	if (w->err_set)
 		return -1;
 	char p[PATH_MAX + 64];
-	size_t n = bk_client_path(w->b, w->cur != NULL ? bq_name(w->cur) : ".", p, sizeof(p));
+	size_t n = backup_walk_client_path(w->b, w->cur != NULL ? backup_queue_name(w->cur) : ".", p, sizeof(p));
 	w->err_set = true;
 	return err_setn(&w->b->j.err, code, p, n, "backup: %s", what);
 }
@@ -71,7 +71,7 @@ static int fail_archive(struct wr *w, const char *what)
 
 static bool cancelled(struct wr *w)
 {
-	return bjob_cancelled(&w->b->j);
+	return op_backup_job_cancelled(&w->b->j);
 }
 
 /* ---- data ---- */
@@ -98,15 +98,15 @@ static int write_zeros(struct wr *w, uint64_t len)
 
 /* Uncompressed, the pax writer hands the data of a plain file to the output
  * callback as it gets it (no blocking): read straight into the output buffer being
- * filled, and the callback finds the bytes already in place (bk_output, to_write).
+ * filled, and the callback finds the bytes already in place (op_backup_output, to_write).
  * NULL when a compressor sits in between, when there is little room left there, or
  * for a sparse file: the writer puts its sparse map out first, over those bytes. */
 static uint8_t *out_area(struct wr *w, bool sparse, size_t *room)
 {
-	struct bk *b = w->b;
+	struct backup *b = w->b;
 	if (b->compression != 0 || sparse)
 		return NULL;
-	struct bk_buf *x = &b->buf[b->has_to ? 0 : b->fill];
+	struct backup_buf *x = &b->buf[b->has_to ? 0 : b->fill];
 	if (BK_BUF - x->len < (32u << 10))
 		return NULL;
 	*room = BK_BUF - x->len;
@@ -146,11 +146,11 @@ static int copy_range(struct wr *w, int fd, bool sparse, off_t off, off_t len, b
 
 /* The data of a file the walker left open: whole or by its regions; then was it
  * changed while read? The fd is closed. */
-static int file_from_fd(struct wr *w, struct bq_rec *r, bool *changed)
+static int file_from_fd(struct wr *w, struct backup_queue_rec *r, bool *changed)
 {
 	int fd = r->fd;
 	r->fd = -1;
-	const struct bq_region *reg = bq_regions(r);
+	const struct backup_queue_region *reg = backup_queue_regions(r);
 	bool shrank = false;
 	int rc = 0;
 	if (r->nreg == 0) {
@@ -165,7 +165,7 @@ static int file_from_fd(struct wr *w, struct bq_rec *r, bool *changed)
 			pos = reg[i].off + reg[i].len;
 		}
 	}
-	if (rc == 0 && bk_file_changed(fd, &r->st, changed) < 0)
+	if (rc == 0 && backup_walk_file_changed(fd, &r->st, changed) < 0)
 		rc = fail(w, errno, "stat");
 	close(fd);
 	if (shrank)
@@ -175,13 +175,13 @@ static int file_from_fd(struct wr *w, struct bq_rec *r, bool *changed)
 
 /* ---- entries ---- */
 
-static int put_entry(struct wr *w, struct bq_rec *r)
+static int put_entry(struct wr *w, struct backup_queue_rec *r)
 {
-	struct bk *b = w->b;
+	struct backup *b = w->b;
 	struct archive_entry *e = w->e;
 	w->cur = r;
 	archive_entry_clear(e);
-	archive_entry_copy_pathname(e, bq_name(r));
+	archive_entry_copy_pathname(e, backup_queue_name(r));
 	archive_entry_copy_stat(e, &r->st);
 	/* No atime or ctime (as GNU tar and bsdtar by default): either would cost every
 	 * member a pax extended header (1 KiB), 8% more archive on a real tree. The
@@ -191,24 +191,24 @@ static int put_entry(struct wr *w, struct bq_rec *r)
 	bool data = S_ISREG(r->st.st_mode) && !(r->flags & BQF_HARDLINK);
 	if (!data)
 		archive_entry_set_size(e, 0);
-	const char *u = bk_name_of(&w->users, r->st.st_uid);
+	const char *u = backup_meta_name_of(&w->users, r->st.st_uid);
 	if (u != NULL)
 		archive_entry_copy_uname(e, u);
-	const char *g = bk_name_of(&w->groups, r->st.st_gid);
+	const char *g = backup_meta_name_of(&w->groups, r->st.st_gid);
 	if (g != NULL)
 		archive_entry_copy_gname(e, g);
 	if (r->flags & BQF_SYMLINK)
-		archive_entry_copy_symlink(e, bq_link(r));
+		archive_entry_copy_symlink(e, backup_queue_link(r));
 	if (r->flags & BQF_HARDLINK)
-		archive_entry_copy_hardlink(e, bq_link(r));
-	for (const uint8_t *x = bq_xattrs(r), *end = x + r->xattr_bytes; x < end;) {
+		archive_entry_copy_hardlink(e, backup_queue_link(r));
+	for (const uint8_t *x = backup_queue_xattrs(r), *end = x + r->xattr_bytes; x < end;) {
 		const char *key;
 		const void *val;
 		size_t vlen;
-		x = bq_xattr_get(x, &key, &val, &vlen);
+		x = backup_queue_xattr_get(x, &key, &val, &vlen);
 		archive_entry_xattr_add_entry(e, key, val, vlen);
 	}
-	const struct bq_region *reg = bq_regions(r);
+	const struct backup_queue_region *reg = backup_queue_regions(r);
 	for (size_t i = 0; i < r->nreg; i++)
 		archive_entry_sparse_add_entry(e, reg[i].off, reg[i].len);
 	/* ARCHIVE_WARN: a name that is not UTF-8, stored as raw bytes (hdrcharset) */
@@ -221,7 +221,7 @@ static int put_entry(struct wr *w, struct bq_rec *r)
 		if (file_from_fd(w, r, &changed) < 0)
 			return -1;
 	} else if (data && r->st.st_size > 0) {
-		if (r->data_len > 0 && write_data(w, bq_data(r), (size_t)r->data_len) < 0)
+		if (r->data_len > 0 && write_data(w, backup_queue_data(r), (size_t)r->data_len) < 0)
 			return -1;
 		b->source_bytes += r->data_len;
 		if (r->data_len < (uint64_t)r->st.st_size && write_zeros(w, (uint64_t)r->st.st_size - r->data_len) < 0)
@@ -231,8 +231,8 @@ static int put_entry(struct wr *w, struct bq_rec *r)
 		return fail_archive(w, "finish entry");
 	if (changed) {
 		char p[PATH_MAX + 64];
-		size_t n = bk_client_path(b, bq_name(r), p, sizeof(p));
-		if (bk_list_add(&b->changed, p, n) < 0)
+		size_t n = backup_walk_client_path(b, backup_queue_name(r), p, sizeof(p));
+		if (backup_walk_list_add(&b->changed, p, n) < 0)
 			return fail(w, ENOMEM, "out of memory");
 	}
 	return 0;
@@ -241,8 +241,8 @@ static int put_entry(struct wr *w, struct bq_rec *r)
 /* Every record the walker hands over, in order, until its end. */
 static int put_entries(struct wr *w)
 {
-	struct bq_rec *r = NULL;
-	while ((r = bq_next(&w->q, r)) != NULL) {
+	struct backup_queue_rec *r = NULL;
+	while ((r = backup_queue_next(&w->q, r)) != NULL) {
 		int rc = put_entry(w, r);
 		if (r->fd >= 0) {
 			close(r->fd);
@@ -250,7 +250,7 @@ static int put_entries(struct wr *w)
 		}
 		w->cur = NULL;
 		if (rc < 0) {
-			bq_release(&w->q, r);
+			backup_queue_release(&w->q, r);
 			return -1;
 		}
 	}
@@ -272,8 +272,8 @@ static int put_entries(struct wr *w)
 /* to_path: buffered writes to the temp file, hashed on the way. */
 static int to_write(struct wr *w, const void *data, size_t len)
 {
-	struct bk *b = w->b;
-	struct bk_buf *x = &b->buf[0];
+	struct backup *b = w->b;
+	struct backup_buf *x = &b->buf[0];
 	const uint8_t *p = data;
 	while (len > 0 || (data == NULL && x->len > 0)) {
 		size_t n = BK_BUF - x->len;
@@ -310,12 +310,12 @@ static int to_write(struct wr *w, const void *data, size_t len)
 static la_ssize_t write_cb(struct archive *a, void *ud, const void *buf, size_t len)
 {
 	struct wr *w = ud;
-	struct bk *b = w->b;
+	struct backup *b = w->b;
 	if (cancelled(w) || w->failing) {
 		archive_set_error(a, ECANCELED, "cancelled");
 		return -1;
 	}
-	int rc = b->has_to ? to_write(w, buf, len) : bk_output(b, buf, len);
+	int rc = b->has_to ? to_write(w, buf, len) : op_backup_output(b, buf, len);
 	if (rc < 0) {
 		archive_set_error(a, b->has_to ? w->b->j.err.code : ECANCELED, "%s",
 				  b->has_to ? "cannot write the archive" : "cancelled");
@@ -329,7 +329,7 @@ static la_ssize_t write_cb(struct archive *a, void *ud, const void *buf, size_t 
 /* The temp file beside to_path, in the journal before it exists. */
 static int to_open(struct wr *w)
 {
-	struct bk *b = w->b;
+	struct backup *b = w->b;
 	struct shim_err *err = &b->j.err;
 	w->to_dfd = fs_open_parent(&b->to, w->to_name, err);
 	if (w->to_dfd < 0)
@@ -375,7 +375,7 @@ static int to_open(struct wr *w)
 	}
 	w->tmp_made = true;
 	/* the archive and its temp file are left out of the walk */
-	bk_walk_skip(w->walk, st.st_dev, st.st_ino, w->to_name, w->to_tmp);
+	backup_walk_skip(w->walk, st.st_dev, st.st_ino, w->to_name, w->to_tmp);
 	return 0;
 fail:
 	w->err_set = true;
@@ -385,7 +385,7 @@ fail:
 /* Make the archive durable and put it in place. */
 static int to_commit(struct wr *w)
 {
-	struct bk *b = w->b;
+	struct backup *b = w->b;
 	struct shim_err *err = &b->j.err;
 	if (to_write(w, NULL, 0) < 0)
 		return -1;
@@ -424,7 +424,7 @@ static void to_cleanup(struct wr *w)
 
 static int archive_setup(struct wr *w)
 {
-	struct bk *b = w->b;
+	struct backup *b = w->b;
 	w->a = archive_write_new();
 	w->e = archive_entry_new();
 	if (w->a == NULL || w->e == NULL)
@@ -462,7 +462,7 @@ static int archive_setup(struct wr *w)
 	}
 	/* No blocking in libarchive: it would copy every small member into its block
 	 * buffer first. The handoff buffers do the batching; an uncompressed archive is
-	 * padded to tar's 10 KiB records at the end (bk_run), a compressed one is not
+	 * padded to tar's 10 KiB records at the end (backup_write_run), a compressed one is not
 	 * (zstd and gzip readers take nothing after the end of their stream). */
 	if (r == ARCHIVE_OK)
 		r = archive_write_set_bytes_per_block(a, 0);
@@ -476,7 +476,7 @@ static int archive_setup(struct wr *w)
 static void wr_free(struct wr *w)
 {
 	/* the walker first: it may be blocked on the queue */
-	bk_walk_stop(w->walk);
+	backup_walk_stop(w->walk);
 	/* then the temp file: freeing a zstd writer waits for its threads to finish the
 	 * job in hand, which at a high level takes seconds */
 	to_cleanup(w);
@@ -484,15 +484,15 @@ static void wr_free(struct wr *w)
 		archive_write_free(w->a);
 	if (w->e != NULL)
 		archive_entry_free(w->e);
-	bk_walk_free(w->walk);
+	backup_walk_free(w->walk);
 	if (w->q_ready)
-		bq_free(&w->q);
+		backup_queue_free(&w->q);
 	free(w->rbuf);
-	bk_names_free(&w->users);
-	bk_names_free(&w->groups);
+	backup_meta_names_free(&w->users);
+	backup_meta_names_free(&w->groups);
 }
 
-int bk_run(struct bk *b)
+int backup_write_run(struct backup *b)
 {
 	struct wr w = {.b = b, .to_dfd = -1, .to_fd = -1};
 	uuid4(b->id);
@@ -501,18 +501,18 @@ int bk_run(struct bk *b)
 	gmtime_r(&now, &tm);
 	strftime(b->created_at, sizeof(b->created_at), "%Y-%m-%dT%H:%M:%SZ", &tm);
 	/* names in UTF-8 go into the archive as they are; others as raw bytes */
-	locale_t loc = bk_utf8_locale();
+	locale_t loc = op_backup_utf8_locale();
 	locale_t old = loc != (locale_t)0 ? uselocale(loc) : (locale_t)0;
 	int rc = -1;
 	w.users.file = "/etc/passwd";
 	w.groups.file = "/etc/group";
 	w.rbuf = malloc(WRITE_READ);
-	if (w.rbuf == NULL || bq_init(&w.q, &b->j) < 0) {
+	if (w.rbuf == NULL || backup_queue_init(&w.q, &b->j) < 0) {
 		fail(&w, ENOMEM, "out of memory");
 		goto out;
 	}
 	w.q_ready = true;
-	w.walk = bk_walk_new(b, &b->j.err);
+	w.walk = backup_walk_new(b, &b->j.err);
 	if (w.walk == NULL) {
 		w.err_set = true;
 		goto out;
@@ -524,10 +524,10 @@ int bk_run(struct bk *b)
 	if (!b->has_to) {
 		/* the walker hashes while it waits for the writer (with to_path the
 		 * writer hashes as it writes the file) */
-		w.q.idle_fn = bk_hash_idle;
+		w.q.idle_fn = op_backup_hash_idle;
 		w.q.idle_arg = b;
 	}
-	if (bk_walk_start(w.walk, &w.q, &b->j.err) < 0) {
+	if (backup_walk_start(w.walk, &w.q, &b->j.err) < 0) {
 		w.err_set = true;
 		goto out;
 	}
@@ -546,8 +546,8 @@ int bk_run(struct bk *b)
 	if (b->has_to) {
 		if (to_commit(&w) < 0)
 			goto out;
-		bk_sha_hex(&b->sha, b->sha_hex);
-	} else if (bk_output_flush(b) < 0) {
+		op_backup_sha_hex(&b->sha, b->sha_hex);
+	} else if (op_backup_output_flush(b) < 0) {
 		fail(&w, ECANCELED, "cancelled");
 		goto out;
 	}

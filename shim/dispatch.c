@@ -1,4 +1,5 @@
-/* dispatch.c: the handshake, the table of request kinds, and Error/Result encoding. */
+/* dispatch.c: the handshake, the table of request kinds, blocking operations run on a worker, and
+ * Error/Result encoding. */
 #include "dispatch.h"
 #include "conn.h"
 #include "errnames.h"

@@ -1,4 +1,5 @@
-/* fs.h: path checks and confined resolution (--root) shared by the file operations. */
+/* fs.h: path checks and confined resolution (--root) shared by the file operations, and the
+ * tree removal and copy that remove, copy and rename share (op_fs.c, op_fs_copy.c). */
 #ifndef SHIM_FS_H
 #define SHIM_FS_H
 
@@ -107,7 +108,7 @@ bool fs_cancel_pending(void);
  * symlink and never leaving the directory's mount (a mount point below it fails
  * with EBUSY). With cancellable, stops with ECANCELED once fs_cancel_pending()
  * (not when cleaning up). Errors carry errpath (the client's path). */
-int fs_remove_tree(int dfd, const char *name, bool cancellable, const char *errpath, struct shim_err *err);
+int op_fs_remove_tree(int dfd, const char *name, bool cancellable, const char *errpath, struct shim_err *err);
 
 struct fs_copy_stats {
 	uint64_t bytes;   /* file content copied */
@@ -122,8 +123,8 @@ struct fs_copy_stats {
  * all, and nothing is left behind on failure. A directory may not be copied into
  * itself or below itself (EINVAL). Stops with ECANCELED once fs_cancel_pending().
  * Counts into *stats; errors name spath (reading) or dpath (writing). */
-int fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, int ddfd, const char *dname,
-		  unsigned rename_flags, struct fs_copy_stats *stats, const char *spath, const char *dpath,
-		  struct shim_err *err);
+int op_fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, int ddfd, const char *dname,
+		     unsigned rename_flags, struct fs_copy_stats *stats, const char *spath, const char *dpath,
+		     struct shim_err *err);
 
 #endif

@@ -119,7 +119,7 @@ static int remove_temp(const char *path)
 	if (S_ISDIR(st.st_mode)) {
 		/* a restore's temp directory (op_backup.c), with the tree below it */
 		struct shim_err err;
-		if (fs_remove_tree(dfd, slash + 1, false, path, &err) < 0) {
+		if (op_fs_remove_tree(dfd, slash + 1, false, path, &err) < 0) {
 			log_warn("journal: cannot remove %s: %s: %s", path, err.msg, strerror(err.code));
 			return 0;
 		}

@@ -58,8 +58,10 @@ static void usage(FILE *f)
 		   "                           lowered to what RLIMIT_NOFILE allows, 8 fds per connection,\n"
 		   "                           the soft limit first raised to the hard); one more is\n"
 		   "                           refused at its HELLO with EAGAIN\n"
-		   "  --max-pending N          connections per listener that have not completed HELLO\n"
-		   "                           (default 32); one more is refused at accept with EAGAIN\n"
+		   "  --max-pending N          connections per TCP or vsock listener that have not\n"
+		   "                           completed HELLO (default 32; a unix socket's peers passed\n"
+		   "                           its mode: as many as --max-connections); one more is\n"
+		   "                           refused at accept with EAGAIN\n"
 		   "  --max-streams N          streams in flight per connection (default 256)\n"
 		   "  --max-frame BYTES        largest frame payload (default 1048576)\n"
 		   "  --workers N              worker threads kept ready (default 1; grows to 64 when\n"
@@ -433,134 +435,134 @@ static unsigned env_listens(const char **listens, bool *optional, bool *from_env
 	return n;
 }
 
-int main(int argc, char **argv)
-{
-	static struct server s;
-	server_config_defaults(&s.cfg);
+/* What the command line says beyond the server's config, and what start-up derives from it. */
+struct start_opts {
 	const char *listens[SHIM_MAX_LISTENERS];
 	bool listen_optional[SHIM_MAX_LISTENERS];
-	bool listen_from_env[SHIM_MAX_LISTENERS] = {false};
-	unsigned n_listens = 0;
-	bool use_stdio = false;
-	const char *token_file = NULL;
-	const char *log_file = NULL;
-	const char *fs_user = NULL;
-	bool log_level_given = false;
-	bool max_conn_given = false;
-	bool max_pending_given = false;
-	int opt;
+	bool listen_from_env[SHIM_MAX_LISTENERS];
+	unsigned n_listens;
+	bool use_stdio;
+	const char *token_file;
+	const char *log_file;
+	const char *fs_user;
+	bool log_level_given;
+	bool max_conn_given;
+	bool max_pending_given;
+	char **workload; /* argv after "--", or NULL */
+};
 
-	/* hidden (issue 18): sandbox-shim(8) and its checks, made from usage() and options[] */
-	if (argc >= 2 &&
-	    (!strcmp(argv[1], "--dump-man") || !strcmp(argv[1], "--check-docs") || !strcmp(argv[1], "--list-options")))
-		return mangen_daemon(argc, argv, usage, options, SHIM_VERSION);
+/* The command line into cfg and o. Returns -1 to go on, or the exit status (--version,
+ * --help, an unknown option). A bad value ends the process (die_usage). */
+static int parse_options(int argc, char **argv, struct server_config *cfg, struct start_opts *o)
+{
+	int opt;
 	/* '+': options end at the first non-option, so a workload's own options after
 	 * "--" are never taken for ours (and "CMD" without "--" is an error) */
 	while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
 		switch (opt) {
 		case OPT_STDIO:
-			use_stdio = true;
+			o->use_stdio = true;
 			break;
 		case OPT_LISTEN:
 		case OPT_LISTEN_OPTIONAL:
-			if (n_listens >= SHIM_MAX_LISTENERS)
+			if (o->n_listens >= SHIM_MAX_LISTENERS)
 				die_usage("too many --listen (at most 16)");
-			listen_optional[n_listens] = opt == OPT_LISTEN_OPTIONAL;
-			listens[n_listens++] = optarg;
+			o->listen_optional[o->n_listens] = opt == OPT_LISTEN_OPTIONAL;
+			o->listens[o->n_listens++] = optarg;
 			break;
 		case OPT_TOKEN_FILE:
-			token_file = optarg;
+			o->token_file = optarg;
 			break;
 		case OPT_INSECURE:
-			s.cfg.insecure_no_token = true;
+			cfg->insecure_no_token = true;
 			break;
 		case OPT_SOCKET_MODE: {
 			char *end;
 			long m = strtol(optarg, &end, 8);
 			if (*end != '\0' || optarg[0] == '\0' || m < 0 || m > 0777)
 				die_usage("bad --socket-mode '%s' (want octal, e.g. 0660)", optarg);
-			s.cfg.socket_mode = (mode_t)m;
+			cfg->socket_mode = (mode_t)m;
 			break;
 		}
 		case OPT_SOCKET_GROUP: {
 			struct group *g = getgrnam(optarg);
 			if (g != NULL)
-				s.cfg.socket_gid = g->gr_gid;
+				cfg->socket_gid = g->gr_gid;
 			else
-				s.cfg.socket_gid = (gid_t)parse_num(optarg, "--socket-group", 0, 0xfffffffe);
+				cfg->socket_gid = (gid_t)parse_num(optarg, "--socket-group", 0, 0xfffffffe);
 			break;
 		}
 		case OPT_ALLOW_UID:
-			if (s.cfg.n_allow_uids >= SHIM_MAX_ALLOW_UIDS)
+			if (cfg->n_allow_uids >= SHIM_MAX_ALLOW_UIDS)
 				die_usage("too many --allow-uid (at most 16)");
-			s.cfg.allow_uids[s.cfg.n_allow_uids++] = (uid_t)parse_num(optarg, "--allow-uid", 0, 0xfffffffe);
+			cfg->allow_uids[cfg->n_allow_uids++] = (uid_t)parse_num(optarg, "--allow-uid", 0, 0xfffffffe);
 			break;
 		case OPT_MAX_CONN:
-			s.cfg.max_connections = (unsigned)parse_num(optarg, "--max-connections", 1, 1000000);
-			max_conn_given = true;
+			cfg->max_connections = (unsigned)parse_num(optarg, "--max-connections", 1, 1000000);
+			o->max_conn_given = true;
 			break;
 		case OPT_MAX_PENDING:
-			s.cfg.max_pending = (unsigned)parse_num(optarg, "--max-pending", 1, 1000000);
-			max_pending_given = true;
+			cfg->max_pending = (unsigned)parse_num(optarg, "--max-pending", 1, 1000000);
+			o->max_pending_given = true;
 			break;
 		case OPT_MAX_STREAMS:
-			s.cfg.max_streams = (unsigned)parse_num(optarg, "--max-streams", 1, 1000000);
+			cfg->max_streams = (unsigned)parse_num(optarg, "--max-streams", 1, 1000000);
 			break;
 		case OPT_MAX_FRAME:
-			s.cfg.max_frame = (uint32_t)parse_num(optarg, "--max-frame", FRAME_MIN_MAX, FRAME_ABS_MAX);
+			cfg->max_frame = (uint32_t)parse_num(optarg, "--max-frame", FRAME_MIN_MAX, FRAME_ABS_MAX);
 			break;
 		case OPT_WORKERS:
-			s.cfg.workers = (unsigned)parse_num(optarg, "--workers", 1, 256);
-			if (s.cfg.max_workers < s.cfg.workers)
-				s.cfg.max_workers = s.cfg.workers;
+			cfg->workers = (unsigned)parse_num(optarg, "--workers", 1, 256);
+			if (cfg->max_workers < cfg->workers)
+				cfg->max_workers = cfg->workers;
 			break;
 		case OPT_MAX_BUFFER:
-			s.cfg.max_buffer = parse_num(optarg, "--max-buffer", BUDGET_MIN, 1ul << 40);
+			cfg->max_buffer = parse_num(optarg, "--max-buffer", BUDGET_MIN, 1ul << 40);
 			break;
 		case OPT_MAX_WATCHES:
-			s.cfg.max_watches = (unsigned)parse_num(optarg, "--max-watches", 1, 1u << 24);
+			cfg->max_watches = (unsigned)parse_num(optarg, "--max-watches", 1, 1u << 24);
 			break;
 		case OPT_MAX_WATCHES_TOTAL:
-			s.cfg.max_watches_total = (unsigned)parse_num(optarg, "--max-watches-total", 1, 1u << 24);
+			cfg->max_watches_total = (unsigned)parse_num(optarg, "--max-watches-total", 1, 1u << 24);
 			break;
 		case OPT_MAX_JOBS:
-			s.cfg.max_jobs = (unsigned)parse_num(optarg, "--max-jobs", 1, 1024);
+			cfg->max_jobs = (unsigned)parse_num(optarg, "--max-jobs", 1, 1024);
 			break;
 		case OPT_KEEPALIVE:
-			s.cfg.keepalive = parse_seconds(optarg, "--keepalive");
+			cfg->keepalive = parse_seconds(optarg, "--keepalive");
 			break;
 		case OPT_HANDSHAKE_TIMEOUT:
-			s.cfg.handshake_timeout = parse_seconds(optarg, "--handshake-timeout");
+			cfg->handshake_timeout = parse_seconds(optarg, "--handshake-timeout");
 			break;
 		case OPT_SHUTDOWN_TIMEOUT:
-			s.cfg.shutdown_timeout = parse_seconds(optarg, "--shutdown-timeout");
+			cfg->shutdown_timeout = parse_seconds(optarg, "--shutdown-timeout");
 			break;
 		case OPT_KILL_GRACE:
-			s.cfg.kill_grace = parse_seconds(optarg, "--kill-grace");
+			cfg->kill_grace = parse_seconds(optarg, "--kill-grace");
 			break;
 		case OPT_LOG_LEVEL: {
 			int l = log_parse_level(optarg);
 			if (l < 0)
 				die_usage("bad --log-level '%s' (want error, warn, info or debug)", optarg);
 			log_max_level = (enum log_level)l;
-			log_level_given = true;
+			o->log_level_given = true;
 			break;
 		}
 		case OPT_LOG_FILE:
-			log_file = optarg;
+			o->log_file = optarg;
 			break;
 		case OPT_FS_USER:
-			if (fs_user != NULL)
-				die_usage("--fs-user given twice ('%s', then '%s')", fs_user, optarg);
-			fs_user = optarg;
+			if (o->fs_user != NULL)
+				die_usage("--fs-user given twice ('%s', then '%s')", o->fs_user, optarg);
+			o->fs_user = optarg;
 			break;
 		case OPT_ROOT:
-			s.cfg.root = optarg;
+			cfg->root = optarg;
 			break;
 		case OPT_STATE_DIR:
-			if (optarg[0] != '/' || strlen(optarg) >= sizeof(s.cfg.state_dir))
+			if (optarg[0] != '/' || strlen(optarg) >= sizeof(cfg->state_dir))
 				die_usage("bad --state-dir '%s' (want an absolute path)", optarg);
-			snprintf(s.cfg.state_dir, sizeof(s.cfg.state_dir), "%s", optarg);
+			snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", optarg);
 			break;
 		case OPT_VERSION:
 			printf("sandbox-shim %s (shim protocol %u)\n", SHIM_VERSION, SHIM_PROTOCOL_VERSION);
@@ -573,161 +575,249 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	return -1;
+}
+
+/* The process's protection and its log, first of all. 0, or the exit status. */
+static int start_process_log(int argc, char **argv, const struct start_opts *o)
+{
 	/* the token and mount keys live in this process: no ptrace or /proc/PID/mem by
 	 * its own uid (a command that dropped to it, say), and no core dump (commands get
 	 * the RLIMIT_CORE back: spawn.c) */
 	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
 		log_warn("cannot make the shim non-dumpable: %s", strerror(errno));
-	if (log_file != NULL && log_open_file(log_file) < 0) {
-		fprintf(stderr, "sandbox-shim: --log-file %s: %s\n", log_file, strerror(errno));
+	if (o->log_file != NULL && log_open_file(o->log_file) < 0) {
+		fprintf(stderr, "sandbox-shim: --log-file %s: %s\n", o->log_file, strerror(errno));
 		return 1;
 	}
 	/* PID 1 with a workload: the container's stderr (and terminal) are the workload's,
 	 * so the shim's own lines there are warnings and errors only, unless asked */
-	if (!log_level_given && log_file == NULL && getpid() == 1 && optind > 1 && optind < argc &&
+	if (!o->log_level_given && o->log_file == NULL && getpid() == 1 && optind > 1 && optind < argc &&
 	    strcmp(argv[optind - 1], "--") == 0)
 		log_max_level = LOG_WARN;
+	return 0;
+}
+
+/* What to serve: the listeners (the command line's, then the environment's) and the
+ * workload after "--". Nothing to serve is a usage error (die_usage). */
+static void choose_what_to_serve(int argc, char **argv, struct start_opts *o)
+{
 	/* a --stdio shim serves its one client: `podman exec -i CTR sandbox-shim --stdio` gets
 	 * the container's environment too, and must not listen where PID 1 already does */
-	if (!use_stdio)
-		n_listens = env_listens(listens, listen_optional, listen_from_env, n_listens);
+	if (!o->use_stdio)
+		o->n_listens = env_listens(o->listens, o->listen_optional, o->listen_from_env, o->n_listens);
 	else if (getenv(ENV_LISTEN) != NULL)
 		log_debug("--stdio: " ENV_LISTEN " is not used");
-	char **workload = NULL;
 	if (optind > 1 && strcmp(argv[optind - 1], "--") == 0) {
 		/* "--" with nothing after it is no workload, so an image's ENTRYPOINT can
 		 * end in "--" and leave the workload to an optional CMD */
-		if (optind == argc && !use_stdio && n_listens == 0)
+		if (optind == argc && !o->use_stdio && o->n_listens == 0)
 			die_usage("nothing after '--': give the workload's command");
 		if (optind < argc)
-			workload = &argv[optind];
+			o->workload = &argv[optind];
 	} else if (optind < argc) {
 		die_usage("unexpected argument '%s' (a workload goes after '--')", argv[optind]);
 	}
-	if (workload != NULL)
+	if (o->workload != NULL)
 		init_hold_signals();
-	if (!use_stdio && n_listens == 0 && workload == NULL)
+	if (!o->use_stdio && o->n_listens == 0 && o->workload == NULL)
 		die_usage("nothing to serve: give --stdio or --listen ADDR (or a workload after '--')");
+}
+
+/* The token (--token-file, or the environment's) into cfg, and the tcp-needs-a-token
+ * rule for the environment's addresses. 0, or the exit status. */
+static int load_token(struct server_config *cfg, struct start_opts *o)
+{
 	/* the environment's token file, where a listener may need it (--stdio never does) */
 	const char *token_origin = "";
 	const char *env_token_file = getenv(ENV_TOKEN_FILE);
-	if (env_token_file != NULL && env_token_file[0] != '\0' && n_listens > 0) {
-		if (token_file == NULL) {
-			token_file = env_token_file;
+	if (env_token_file != NULL && env_token_file[0] != '\0' && o->n_listens > 0) {
+		if (o->token_file == NULL) {
+			o->token_file = env_token_file;
 			token_origin = ENV_TOKEN_FILE;
-			log_debug("token from %s (" ENV_TOKEN_FILE ")", token_file);
-		} else if (strcmp(token_file, env_token_file) != 0) {
-			log_info("token from --token-file %s; " ENV_TOKEN_FILE " (%s) is not used", token_file,
+			log_debug("token from %s (" ENV_TOKEN_FILE ")", o->token_file);
+		} else if (strcmp(o->token_file, env_token_file) != 0) {
+			log_info("token from --token-file %s; " ENV_TOKEN_FILE " (%s) is not used", o->token_file,
 				 env_token_file);
 		}
 	}
-	if (token_file != NULL && read_token(token_file, token_origin, &s.cfg) < 0)
+	if (o->token_file != NULL && read_token(o->token_file, token_origin, cfg) < 0)
 		return 1;
 	/* the tcp-needs-a-token rule, said in the environment's terms for its addresses */
-	for (unsigned i = 0; i < n_listens; i++) {
-		if (listen_from_env[i] && strncmp(listens[i], "tcp:", 4) == 0 && s.cfg.token == NULL &&
-		    !s.cfg.insecure_no_token) {
+	for (unsigned i = 0; i < o->n_listens; i++) {
+		if (o->listen_from_env[i] && strncmp(o->listens[i], "tcp:", 4) == 0 && cfg->token == NULL &&
+		    !cfg->insecure_no_token) {
 			fprintf(stderr,
 				"sandbox-shim: " ENV_LISTEN
 				": cannot listen on %s: a tcp listener needs a token: set " ENV_TOKEN_FILE
 				" (or give --token-file; --insecure-no-token accepts anyone)\n",
-				listens[i]);
+				o->listens[i]);
 			return 1;
 		}
 	}
-	spawn_startup(); /* before raise_nofile(): commands get the limits the shim started with */
-	raise_nofile();
+	return 0;
+}
+
+/* The files the daemon works in: the --fs-user default, --root, the state dir, the
+ * pending-writes journal, and a crashed daemon's mount files swept. 0, or the exit status. */
+static int prepare_files(struct server_config *cfg, const struct start_opts *o)
+{
 	struct shim_err serr;
 	/* the user database once, now: an unknown user is a bad option, not a request's error */
-	if (fs_user != NULL && fs_ctx_set_default(fs_user, &serr) < 0)
-		die_usage("--fs-user %s: %s", fs_user, serr.msg);
-	if (fs_init(s.cfg.root, &serr) < 0) {
-		fprintf(stderr, "sandbox-shim: --root %s: %s: %s\n", s.cfg.root, serr.msg, strerror(serr.code));
+	if (o->fs_user != NULL && fs_ctx_set_default(o->fs_user, &serr) < 0)
+		die_usage("--fs-user %s: %s", o->fs_user, serr.msg);
+	if (fs_init(cfg->root, &serr) < 0) {
+		fprintf(stderr, "sandbox-shim: --root %s: %s: %s\n", cfg->root, serr.msg, strerror(serr.code));
 		return 1;
 	}
-	bool state_dflt = s.cfg.state_dir[0] == '\0';
-	state_dir_default(&s.cfg);
-	if (state_dir_apart(&s.cfg, listens, n_listens) < 0 || state_dir_init(&s.cfg, state_dflt) < 0)
+	bool state_dflt = cfg->state_dir[0] == '\0';
+	state_dir_default(cfg);
+	if (state_dir_apart(cfg, o->listens, o->n_listens) < 0 || state_dir_init(cfg, state_dflt) < 0)
 		return 1;
-	log_debug("state dir %s", s.cfg.state_dir);
-	if (journal_init(s.cfg.state_dir) < 0)
+	log_debug("state dir %s", cfg->state_dir);
+	if (journal_init(cfg->state_dir) < 0)
 		return 1;
 	/* a crashed daemon's mounts left their rclone configs (with the keys) here */
-	unsigned swept = mount_sweep(s.cfg.state_dir);
+	unsigned swept = mount_sweep(cfg->state_dir);
 	if (swept > 0)
 		log_warn("removed the files of %u mount%s left by a daemon that is gone", swept, swept == 1 ? "" : "s");
+	return 0;
+}
 
+/* The event loop, the server on it, and the PID-1 set-up. NULL when one fails (the
+ * server freed). */
+static struct ev_loop *start_server(struct server *s)
+{
 	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
 	if (loop == NULL) {
 		fprintf(stderr, "sandbox-shim: cannot start the event loop\n");
-		return 1;
+		return NULL;
 	}
-	if (server_init(&s, loop) < 0)
-		return 1;
+	if (server_init(s, loop) < 0)
+		return NULL;
 	struct shim_err ierr;
-	if (init_setup(&s, &ierr) < 0) {
+	if (init_setup(s, &ierr) < 0) {
 		fprintf(stderr, "sandbox-shim: %s: %s\n", ierr.msg, strerror(ierr.code));
-		server_free(&s);
-		return 1;
+		server_free(s);
+		return NULL;
 	}
+	return loop;
+}
+
+/* Listen on every address (an optional one that cannot be had is skipped), then --stdio's
+ * channel. 0, or -1 (the server freed). */
+static int start_transports(struct server *s, const struct start_opts *o)
+{
 	unsigned n_listening = 0;
-	for (unsigned i = 0; i < n_listens; i++) {
+	for (unsigned i = 0; i < o->n_listens; i++) {
 		struct shim_err err;
-		if (listen_optional[i] && !listen_available(listens[i]))
+		if (o->listen_optional[i] && !listen_available(o->listens[i]))
 			continue;
-		struct listener *l = listener_open(&s, listens[i], &err);
-		if (l == NULL && listen_optional[i] && err.code == EAFNOSUPPORT) {
-			log_info("not listening on %s: %s: %s", listens[i], err.msg, strerror(err.code));
+		struct listener *l = listener_open(s, o->listens[i], &err);
+		if (l == NULL && o->listen_optional[i] && err.code == EAFNOSUPPORT) {
+			log_info("not listening on %s: %s: %s", o->listens[i], err.msg, strerror(err.code));
 			continue;
 		}
 		if (l == NULL) {
 			fprintf(stderr, "sandbox-shim: %scannot listen on %s: %s: %s\n",
-				listen_from_env[i] ? ENV_LISTEN ": " : "", listens[i], err.msg, strerror(err.code));
-			server_free(&s);
-			return 1;
+				o->listen_from_env[i] ? ENV_LISTEN ": " : "", o->listens[i], err.msg,
+				strerror(err.code));
+			server_free(s);
+			return -1;
 		}
-		server_add_listener(&s, l);
+		server_add_listener(s, l);
 		n_listening++;
 	}
-	if (n_listening == 0 && !use_stdio && workload == NULL) {
+	if (n_listening == 0 && !o->use_stdio && o->workload == NULL) {
 		fprintf(stderr, "sandbox-shim: nothing to serve here: every --listen-optional was skipped\n");
-		server_free(&s);
-		return 1;
+		server_free(s);
+		return -1;
 	}
-	if (use_stdio) {
+	if (o->use_stdio) {
 		struct shim_err err;
-		if (tr_stdio_start(&s, &err) < 0) {
+		if (tr_stdio_start(s, &err) < 0) {
 			fprintf(stderr, "sandbox-shim: --stdio: %s: %s\n", err.msg, strerror(err.code));
-			server_free(&s);
-			return 1;
+			server_free(s);
+			return -1;
 		}
 	}
-	if (workload != NULL) {
-		/* after the transports: with --stdio the channel has left fds 0 and 1 */
-		int rc = init_start_workload(&s, workload, &ierr);
-		if (rc != 0) {
-			fprintf(stderr, "sandbox-shim: %s: %s\n", ierr.msg, strerror(ierr.code));
-			server_free(&s);
-			return rc < 0 ? 1 : rc;
-		}
+	return 0;
+}
+
+/* Start the workload, if any. 0, or the exit status (the server freed). */
+static int start_workload(struct server *s, char **workload)
+{
+	if (workload == NULL)
+		return 0;
+	struct shim_err ierr;
+	/* after the transports: with --stdio the channel has left fds 0 and 1 */
+	int rc = init_start_workload(s, workload, &ierr);
+	if (rc != 0) {
+		fprintf(stderr, "sandbox-shim: %s: %s\n", ierr.msg, strerror(ierr.code));
+		server_free(s);
+		return rc < 0 ? 1 : rc;
 	}
-	/* after the workload started (it keeps the limit the shim was given): no core
-	 * dumps of the shim (the soft limit only, so a command can have it back) */
+	return 0;
+}
+
+/* No core dumps of the shim (the soft limit only, so a command can have it back). */
+static void drop_core_limit(void)
+{
 	struct rlimit core;
 	if (getrlimit(RLIMIT_CORE, &core) == 0 && core.rlim_cur != 0) {
 		core.rlim_cur = 0;
 		if (setrlimit(RLIMIT_CORE, &core) < 0)
 			log_warn("cannot set RLIMIT_CORE to 0: %s", strerror(errno));
 	}
+}
+
+/* Serve until shutdown, then clean up. Returns the exit status. */
+static int run(struct server *s, struct ev_loop *loop, const struct start_opts *o)
+{
 	/* what is open now is the daemon's own: the rest of the fds are the connections' */
-	listen_fd_budget(&s, max_conn_given, max_pending_given);
-	log_info("sandbox-shim %s ready (pid %d%s)", SHIM_VERSION, (int)s.pid, s.pid1 ? ", PID 1" : "");
+	listen_fd_budget(s, o->max_conn_given, o->max_pending_given);
+	log_info("sandbox-shim %s ready (pid %d%s)", SHIM_VERSION, (int)s->pid, s->pid1 ? ", PID 1" : "");
 	ev_run(loop, 0);
 	/* every child is gone now: unmount what was mounted, and such */
 	init_shutdown_hooks();
-	server_free(&s);
+	server_free(s);
 	free(env_listen_copy);
 	env_listen_copy = NULL;
 	log_info("exit");
-	return s.exit_code;
+	return s->exit_code;
+}
+
+int main(int argc, char **argv)
+{
+	static struct server s;
+	static struct start_opts o;
+	server_config_defaults(&s.cfg);
+
+	/* hidden: sandbox-shim(8) and its checks, made from usage() and options[] */
+	if (argc >= 2 &&
+	    (!strcmp(argv[1], "--dump-man") || !strcmp(argv[1], "--check-docs") || !strcmp(argv[1], "--list-options")))
+		return mangen_daemon(argc, argv, usage, options, SHIM_VERSION);
+	int rc = parse_options(argc, argv, &s.cfg, &o);
+	if (rc >= 0)
+		return rc;
+	if ((rc = start_process_log(argc, argv, &o)) != 0)
+		return rc;
+	choose_what_to_serve(argc, argv, &o);
+	if ((rc = load_token(&s.cfg, &o)) != 0)
+		return rc;
+	spawn_startup(); /* before raise_nofile(): commands get the limits the shim started with */
+	raise_nofile();
+	if ((rc = prepare_files(&s.cfg, &o)) != 0)
+		return rc;
+
+	struct ev_loop *loop = start_server(&s);
+	if (loop == NULL)
+		return 1;
+	if (start_transports(&s, &o) < 0)
+		return 1;
+	if ((rc = start_workload(&s, o.workload)) != 0)
+		return rc;
+	/* after the workload started (it keeps the limit the shim was given) */
+	drop_core_limit();
+	return run(&s, loop, &o);
 }

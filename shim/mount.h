@@ -139,10 +139,10 @@ int mount_classify(const char *tail, int dflt);
 /* ---- daemon hooks (op_mount.c, loop thread) ---- */
 
 /* Number of mounts in the table (for InfoReply.mounts). */
-unsigned mount_count(void);
+unsigned op_mount_count(void);
 /* At shutdown, before children are signalled: unmount every mount (flushing what
  * is pending, bounded); calls then(s) once done (or at once when there is nothing).
  * Returns true when it took over calling then. */
-bool mount_shutdown_begin(struct server *s, void (*then)(struct server *s));
+bool op_mount_shutdown_begin(struct server *s, void (*then)(struct server *s));
 
 #endif

@@ -835,7 +835,7 @@ unsigned mount_sweep(const char *state_dir)
 		struct shim_err err;
 		char what[PATH_MAX + 300];
 		snprintf(what, sizeof(what), "%s/%s", dir, e->d_name);
-		if (fs_remove_tree(dfd, e->d_name, false, what, &err) < 0 && err.code != ENOENT) {
+		if (op_fs_remove_tree(dfd, e->d_name, false, what, &err) < 0 && err.code != ENOENT) {
 			log_warn("mount: cannot remove %s: %s: %s", what, err.msg, strerror(err.code));
 		} else {
 			log_info("mount: removed %s, left by a mount of a daemon that is gone", what);
@@ -858,7 +858,7 @@ void mount_remove_files(const char *rundir, const char *real, bool created_dir)
 			int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 			if (dfd >= 0) {
 				struct shim_err e;
-				if (fs_remove_tree(dfd, slash + 1, false, rundir, &e) < 0 && e.code != ENOENT)
+				if (op_fs_remove_tree(dfd, slash + 1, false, rundir, &e) < 0 && e.code != ENOENT)
 					log_warn("mount: cannot remove %s: %s: %s", rundir, e.msg, strerror(e.code));
 				close(dfd);
 			}

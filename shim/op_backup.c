@@ -30,7 +30,7 @@
  *    gave; libarchive's read callback takes one contiguous piece at a time and
  *    releases it at its next call, and only then does the loop give that credit back
  *    (in batches). File data the file writer writes straight from the ring is pinned
- *    there until it is written (rs_pin): the release stops at the first such byte.
+ *    there until it is written (op_backup_restore_pin): the release stops at the first such byte.
  *
  * The sha256 of the stream is computed by whichever thread has time, in stream
  * order, one at a time: for a backup (bk_hash_step) the loop once it has sent what
@@ -66,18 +66,18 @@ static void locale_init(void)
 		utf8_locale = newlocale(LC_CTYPE_MASK, names[i], (locale_t)0);
 }
 
-locale_t bk_utf8_locale(void)
+locale_t op_backup_utf8_locale(void)
 {
 	pthread_once(&locale_once, locale_init);
 	return utf8_locale;
 }
 
-bool bjob_cancelled(struct bjob *j)
+bool op_backup_job_cancelled(struct backup_job *j)
 {
 	return __atomic_load_n(&j->cancelled, __ATOMIC_ACQUIRE);
 }
 
-void bk_sha_hex(struct sha256_ctx *ctx, char out[65])
+void op_backup_sha_hex(struct sha256_ctx *ctx, char out[65])
 {
 	uint8_t d[SHA256_DIGEST_SIZE];
 	sha256_digest(ctx, sizeof(d), d);
@@ -93,7 +93,7 @@ static void progress_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	struct bjob *j = container_of(w, struct bjob, timer);
+	struct backup_job *j = container_of(w, struct backup_job, timer);
 	uint64_t items = __atomic_load_n(&j->items, __ATOMIC_RELAXED);
 	uint64_t bytes = __atomic_load_n(&j->bytes, __ATOMIC_RELAXED);
 	if (j->st == NULL || (items == j->sent_items && bytes == j->sent_bytes))
@@ -112,19 +112,19 @@ static void progress_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	conn_send(j->st->conn, j->st->id, FRAME_EVENT, 0, buf, n);
 }
 
-static void bjob_stop(struct bjob *j);
+static void bjob_stop(struct backup_job *j);
 
 /* Jobs on their threads, and the queue of those waiting for one of --max-jobs. */
 static unsigned jobs_threads;
-static struct bjob *queue_head, **queue_tail = &queue_head;
+static struct backup_job *queue_head, **queue_tail = &queue_head;
 
 static unsigned max_jobs(void)
 {
-	return srv != NULL && srv->cfg.max_jobs > 0 ? srv->cfg.max_jobs : BJOB_DEFAULT_MAX;
+	return srv != NULL && srv->cfg.max_jobs > 0 ? srv->cfg.max_jobs : BACKUP_JOB_DEFAULT_MAX;
 }
 
 /* Start j on a thread of its own: 0, or -1 with j->err set (EAGAIN). */
-static int bjob_launch(struct bjob *j)
+static int bjob_launch(struct backup_job *j)
 {
 	if (worker_run_own(&j->work) < 0)
 		return err_set(&j->err, EAGAIN, NULL, "cannot start a thread for the job: %s", strerror(errno));
@@ -134,14 +134,14 @@ static int bjob_launch(struct bjob *j)
 }
 
 /* A job's thread is done (or it never got one): start the next ones waiting. */
-static void bjob_release(struct bjob *j)
+static void bjob_release(struct backup_job *j)
 {
 	if (j->running) {
 		j->running = false;
 		jobs_threads--;
 	}
 	while (queue_head != NULL && jobs_threads < max_jobs()) {
-		struct bjob *n = queue_head;
+		struct backup_job *n = queue_head;
 		queue_head = n->qnext;
 		if (queue_head == NULL)
 			queue_tail = &queue_head;
@@ -153,7 +153,7 @@ static void bjob_release(struct bjob *j)
 	}
 }
 
-static int bjob_start(struct bjob *j, struct stream *st, void (*async_cb)(struct ev_loop *, ev_async *, int),
+static int bjob_start(struct backup_job *j, struct stream *st, void (*async_cb)(struct ev_loop *, ev_async *, int),
 		      work_fn run, work_fn done, struct shim_err *err)
 {
 	j->st = st;
@@ -183,7 +183,7 @@ static int bjob_start(struct bjob *j, struct stream *st, void (*async_cb)(struct
 }
 
 /* The loop is done with the job's watchers (its run() has returned). */
-static void bjob_stop(struct bjob *j)
+static void bjob_stop(struct backup_job *j)
 {
 	ev_async_stop(j->loop, &j->async);
 	ev_timer_stop(j->loop, &j->timer);
@@ -193,7 +193,7 @@ static void bjob_stop(struct bjob *j)
 
 /* The stream is going away: tell the worker, which cleans up and returns. Returns
  * true when run() has already returned (the caller frees now; no done() follows). */
-static bool bjob_cancel(struct bjob *j)
+static bool bjob_cancel(struct backup_job *j)
 {
 	j->st = NULL;
 	ev_timer_stop(j->loop, &j->timer);
@@ -205,7 +205,7 @@ static bool bjob_cancel(struct bjob *j)
 		return true;
 	if (j->queued) {
 		/* never started: out of the queue, and nothing to wait for */
-		struct bjob **pp = &queue_head;
+		struct backup_job **pp = &queue_head;
 		while (*pp != j)
 			pp = &(*pp)->qnext;
 		*pp = j->qnext;
@@ -221,7 +221,7 @@ static bool bjob_cancel(struct bjob *j)
 
 /* ================================ backup ================================ */
 
-static void bk_free(struct bk *b)
+static void bk_free(struct backup *b)
 {
 	if (b->counted)
 		jobs_running--;
@@ -231,12 +231,12 @@ static void bk_free(struct bk *b)
 	for (size_t i = 0; i < b->n_excludes; i++)
 		free(b->excludes[i]);
 	free(b->excludes);
-	bk_list_free(&b->skipped);
-	bk_list_free(&b->changed);
+	op_backup_list_free(&b->skipped);
+	op_backup_list_free(&b->changed);
 	free(b);
 }
 
-void bk_list_free(struct bk_list *l)
+void op_backup_list_free(struct backup_list *l)
 {
 	for (size_t i = 0; i < l->n; i++)
 		free(l->v[i]);
@@ -245,7 +245,7 @@ void bk_list_free(struct bk_list *l)
 }
 
 /* With mu held: a ready buffer is free again once it is both sent and hashed. */
-static void bk_buf_release(struct bk *b, struct bk_buf *x)
+static void bk_buf_release(struct backup *b, struct backup_buf *x)
 {
 	x->state = BKB_FREE;
 	x->len = x->sent = x->hashed = 0;
@@ -260,9 +260,9 @@ static void bk_buf_release(struct bk *b, struct bk_buf *x)
  * stream into its sha256, if they are ready and no other thread is hashing. Either
  * thread calls it: so the sha256 (a third of the CPU a backup costs beyond reading
  * the files) is done by whichever is free. True when it hashed something. */
-static bool bk_hash_step(struct bk *b, bool sent_only)
+static bool bk_hash_step(struct backup *b, bool sent_only)
 {
-	struct bk_buf *x = &b->buf[b->hash_head];
+	struct backup_buf *x = &b->buf[b->hash_head];
 	if (b->hashing || x->state != BKB_READY || x->hashed == x->len || (sent_only && !x->sent_all))
 		return false;
 	size_t n = x->len - x->hashed < BK_HASH_STEP ? x->len - x->hashed : BK_HASH_STEP;
@@ -282,9 +282,9 @@ static bool bk_hash_step(struct bk *b, bool sent_only)
 	return true;
 }
 
-bool bk_hash_idle(void *arg)
+bool op_backup_hash_idle(void *arg)
 {
-	struct bk *b = arg;
+	struct backup *b = arg;
 	pthread_mutex_lock(&b->j.mu);
 	bool did = bk_hash_step(b, true);
 	pthread_mutex_unlock(&b->j.mu);
@@ -293,9 +293,9 @@ bool bk_hash_idle(void *arg)
 
 /* Worker: the buffer being filled is complete; hand it over and wait for the next
  * (hashing what is ready meanwhile). */
-static int bk_hand_over(struct bk *b, bool wait_next)
+static int bk_hand_over(struct backup *b, bool wait_next)
 {
-	struct bjob *j = &b->j;
+	struct backup_job *j = &b->j;
 	pthread_mutex_lock(&j->mu);
 	b->buf[b->fill].state = BKB_READY;
 	ev_async_send(j->loop, &j->async);
@@ -318,11 +318,11 @@ static int bk_hand_over(struct bk *b, bool wait_next)
 	return cancelled ? -1 : 0;
 }
 
-int bk_output(struct bk *b, const void *data, size_t len)
+int op_backup_output(struct backup *b, const void *data, size_t len)
 {
 	const uint8_t *p = data;
 	while (len > 0) {
-		struct bk_buf *x = &b->buf[b->fill];
+		struct backup_buf *x = &b->buf[b->fill];
 		size_t n = BK_BUF - x->len;
 		if (n > len)
 			n = len;
@@ -337,7 +337,7 @@ int bk_output(struct bk *b, const void *data, size_t len)
 	return 0;
 }
 
-int bk_output_flush(struct bk *b)
+int op_backup_output_flush(struct backup *b)
 {
 	if (b->buf[b->fill].len == 0)
 		return 0;
@@ -348,17 +348,17 @@ static void bk_pump(struct stream *st);
 
 static void bk_run_work(struct work *w)
 {
-	struct bk *b = container_of(w, struct bk, j.work);
+	struct backup *b = container_of(w, struct backup, j.work);
 	if (fs_ctx_settle(&b->j.fsx, &b->j.err) < 0 || fs_ctx_enter(&b->j.fsx, &b->j.err) < 0)
 		b->j.rc = -1;
 	else
-		b->j.rc = bk_run(b);
+		b->j.rc = backup_write_run(b);
 	fs_ctx_leave();
 }
 
 /* Pack the record into a Result that fits in one frame of the connection: the lists
  * of paths are cut short if need be (their totals say how many there were). */
-static void bk_reply(struct bk *b, struct stream *st)
+static void bk_reply(struct backup *b, struct stream *st)
 {
 	Shim__V1__BackupRecord r = SHIM__V1__BACKUP_RECORD__INIT;
 	r.id = b->id;
@@ -409,7 +409,7 @@ static void bk_reply(struct bk *b, struct stream *st)
 }
 
 /* Loop: the job is over and every byte it produced has been sent. */
-static void bk_finish(struct bk *b)
+static void bk_finish(struct backup *b)
 {
 	struct stream *st = b->j.st;
 	b->j.st = NULL;
@@ -418,7 +418,7 @@ static void bk_finish(struct bk *b)
 		stream_fail(st, &b->j.err);
 	} else {
 		if (!b->has_to) {
-			bk_sha_hex(&b->sha, b->sha_hex);
+			op_backup_sha_hex(&b->sha, b->sha_hex);
 			stream_send_data(st, NULL, 0, true);
 		}
 		bk_reply(b, st);
@@ -428,7 +428,7 @@ static void bk_finish(struct bk *b)
 
 static void bk_done(struct work *w)
 {
-	struct bk *b = container_of(w, struct bk, j.work);
+	struct backup *b = container_of(w, struct backup, j.work);
 	b->j.finished = true;
 	bjob_release(&b->j);
 	if (b->j.st == NULL) {
@@ -446,11 +446,11 @@ static void bk_done(struct work *w)
 
 /* Loop: send the ready buffers in order, within credit. False when the connection
  * cannot take more now (writable() calls again). */
-static bool bk_send_ready(struct stream *st, struct bk *b)
+static bool bk_send_ready(struct stream *st, struct backup *b)
 {
-	struct bjob *j = &b->j;
+	struct backup_job *j = &b->j;
 	for (;;) {
-		struct bk_buf *x = &b->buf[b->head];
+		struct backup_buf *x = &b->buf[b->head];
 		pthread_mutex_lock(&j->mu);
 		bool ready = x->state == BKB_READY && !x->sent_all; /* (sent, waiting to be hashed) */
 		pthread_mutex_unlock(&j->mu);
@@ -489,8 +489,8 @@ static bool bk_send_ready(struct stream *st, struct bk *b)
  * at a time with a look for more output in between. */
 static void bk_pump(struct stream *st)
 {
-	struct bk *b = st->op_data;
-	struct bjob *j = &b->j;
+	struct backup *b = st->op_data;
+	struct backup_job *j = &b->j;
 	for (;;) {
 		if (!bk_send_ready(st, b))
 			return;
@@ -509,14 +509,14 @@ static void bk_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	struct bk *b = container_of(w, struct bk, j.async);
+	struct backup *b = container_of(w, struct backup, j.async);
 	if (b->j.st != NULL)
 		bk_pump(b->j.st);
 }
 
 static void bk_cancel(struct stream *st)
 {
-	struct bk *b = st->op_data;
+	struct backup *b = st->op_data;
 	if (bjob_cancel(&b->j)) {
 		bjob_stop(&b->j);
 		bk_free(b);
@@ -528,7 +528,7 @@ static const struct stream_ops bk_ops = {.writable = bk_pump, .cancel = bk_cance
 int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__BackupRequest *q = req->backup;
-	struct bk *b = calloc(1, sizeof(*b));
+	struct backup *b = calloc(1, sizeof(*b));
 	if (b == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	if (fs_path_get(&q->dir, &b->dir, err) < 0)
@@ -634,7 +634,7 @@ fail:
 
 /* ================================ restore ================================ */
 
-static void rs_free(struct rs *r)
+static void rs_free(struct restore_job *r)
 {
 	if (r->counted)
 		jobs_running--;
@@ -647,7 +647,7 @@ static void rs_free(struct rs *r)
 
 /* With mu held: give back the ring's bytes libarchive is done with, up to the
  * oldest one the file writer still has to write. */
-static void rs_release(struct rs *r)
+static void rs_release(struct restore_job *r)
 {
 	size_t n = r->done;
 	if (r->hash_off - r->head_off < n)
@@ -678,7 +678,7 @@ static void rs_release(struct rs *r)
  * the loop (when it is far behind) or the worker (instead of waiting for data) does
  * it, in stream order: the sha256 is a third of what a restore costs the daemon
  * beyond extracting, and the loop has the rest of the stream to take in. */
-static bool rs_hash_step(struct rs *r, size_t max)
+static bool rs_hash_step(struct restore_job *r, size_t max)
 {
 	uint64_t end = r->head_off + r->len;
 	if (r->hashing || r->hash_off == end)
@@ -700,9 +700,9 @@ static bool rs_hash_step(struct rs *r, size_t max)
 	return true;
 }
 
-ssize_t rs_input(struct rs *r, const void **buf)
+ssize_t op_backup_restore_input(struct restore_job *r, const void **buf)
 {
-	struct bjob *j = &r->j;
+	struct backup_job *j = &r->j;
 	pthread_mutex_lock(&j->mu);
 	/* libarchive is done with the last piece: its credit can go back */
 	r->done = r->given;
@@ -730,7 +730,7 @@ ssize_t rs_input(struct rs *r, const void **buf)
 	} else if (r->len == r->given) {
 		n = 0; /* FIN: the end of the stream, all of it hashed */
 		if (r->sha_hex[0] == '\0')
-			bk_sha_hex(&r->sha, r->sha_hex);
+			op_backup_sha_hex(&r->sha, r->sha_hex);
 	} else {
 		size_t at = (r->head + r->given) % r->cap;
 		size_t k = r->len - r->given < r->cap - at ? r->len - r->given : r->cap - at;
@@ -745,7 +745,7 @@ ssize_t rs_input(struct rs *r, const void **buf)
 	return n;
 }
 
-uint64_t rs_ring_offset(struct rs *r, const void *p)
+uint64_t op_backup_restore_ring_offset(struct restore_job *r, const void *p)
 {
 	/* the last piece handed out: fields of this thread only, no lock */
 	const uint8_t *b = p;
@@ -754,14 +754,14 @@ uint64_t rs_ring_offset(struct rs *r, const void *p)
 	return r->piece_off + (uint64_t)(b - r->piece);
 }
 
-void rs_pin(struct rs *r, uint64_t end)
+void op_backup_restore_pin(struct restore_job *r, uint64_t end)
 {
-	/* seen by the file writer's release only after the next rs_input (mu), which
+	/* seen by the file writer's release only after the next op_backup_restore_input (mu), which
 	 * is also what makes these bytes releasable at all */
 	__atomic_store_n(&r->pin_end, end, __ATOMIC_RELEASE);
 }
 
-void rs_unpin(struct rs *r, uint64_t end)
+void op_backup_restore_unpin(struct restore_job *r, uint64_t end)
 {
 	__atomic_store_n(&r->done_end, end, __ATOMIC_RELEASE);
 	/* released by the worker at its next read; by us only when it is waiting for
@@ -775,8 +775,8 @@ void rs_unpin(struct rs *r, uint64_t end)
 
 static int rs_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct rs *r = st->op_data;
-	struct bjob *j = &r->j;
+	struct restore_job *r = st->op_data;
+	struct backup_job *j = &r->j;
 	pthread_mutex_lock(&j->mu);
 	/* the connection checks the credit, and the ring is as large as all credit */
 	size_t room = r->cap - r->len, tail = (r->head + r->len) % r->cap;
@@ -806,7 +806,7 @@ static void rs_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	struct rs *r = container_of(w, struct rs, j.async);
+	struct restore_job *r = container_of(w, struct restore_job, j.async);
 	pthread_mutex_lock(&r->j.mu);
 	size_t g = r->to_grant;
 	r->to_grant = 0;
@@ -817,17 +817,17 @@ static void rs_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 
 static void rs_run_work(struct work *w)
 {
-	struct rs *r = container_of(w, struct rs, j.work);
+	struct restore_job *r = container_of(w, struct restore_job, j.work);
 	if (fs_ctx_settle(&r->j.fsx, &r->j.err) < 0 || fs_ctx_enter(&r->j.fsx, &r->j.err) < 0)
 		r->j.rc = -1;
 	else
-		r->j.rc = rs_run(r);
+		r->j.rc = restore_run(r);
 	fs_ctx_leave();
 }
 
 static void rs_done(struct work *w)
 {
-	struct rs *r = container_of(w, struct rs, j.work);
+	struct restore_job *r = container_of(w, struct restore_job, j.work);
 	struct stream *st = r->j.st;
 	r->j.finished = true;
 	bjob_release(&r->j);
@@ -852,7 +852,7 @@ static void rs_done(struct work *w)
 
 static void rs_cancel(struct stream *st)
 {
-	struct rs *r = st->op_data;
+	struct restore_job *r = st->op_data;
 	if (bjob_cancel(&r->j)) {
 		bjob_stop(&r->j);
 		rs_free(r);
@@ -866,7 +866,7 @@ static const struct stream_ops rs_file_ops = {.cancel = rs_cancel};
 int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__RestoreRequest *q = req->restore;
-	struct rs *r = calloc(1, sizeof(*r));
+	struct restore_job *r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	if (fs_path_get(&q->dir, &r->dir, err) < 0)

@@ -38,7 +38,7 @@ struct exec_job {
 
 /* ---- messages ---- */
 
-void exec_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
+void op_exec_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
 {
 	shim__v1__exit_status__init(ex);
 	ex->id = (char *)p->id;
@@ -59,7 +59,7 @@ void exec_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex)
 	ex->stderr_truncated = p->out[1].truncated;
 }
 
-int exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_max)
+int op_exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_max)
 {
 	shim__v1__process_info__init(&b->info);
 	shim__v1__timestamp__init(&b->started_at);
@@ -75,7 +75,7 @@ int exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_ma
 	b->info.detached = p->detached;
 	b->info.pty = p->pty;
 	if (p->state == PROC_EXITED) {
-		exec_fill_exit(p, &b->exit);
+		op_exec_fill_exit(p, &b->exit);
 		b->info.exit = &b->exit;
 	}
 	if (p->argc > 0 && argv_max > 0 && p->argv != NULL) {
@@ -98,13 +98,13 @@ int exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_ma
 	return 0;
 }
 
-void exec_info_buf_free(struct exec_info_buf *b)
+void op_exec_info_buf_free(struct exec_info_buf *b)
 {
 	free(b->argv);
 	b->argv = NULL;
 }
 
-void exec_send_started(struct stream *st, const struct proc *p)
+void op_exec_send_started(struct stream *st, const struct proc *p)
 {
 	Shim__V1__ProcessStarted ps = SHIM__V1__PROCESS_STARTED__INIT;
 	ps.id = (char *)p->id;
@@ -135,14 +135,14 @@ static void exec_started(struct proc *p, void *owner)
 {
 	log_debug("process %s: pid %d runs %s", p->id, (int)p->pid, p->exec_path);
 	if (!p->detached) {
-		exec_send_started(owner, p);
+		op_exec_send_started(owner, p);
 		return;
 	}
 	struct stream *st = take_fg(p);
 	struct exec_info_buf b;
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_PROCESS;
-	if (exec_fill_info(p, &b, PROC_ARGV_KEEP) < 0) {
+	if (op_exec_fill_info(p, &b, PROC_ARGV_KEEP) < 0) {
 		struct shim_err e;
 		err_set(&e, ENOMEM, NULL, "out of memory");
 		stream_fail(st, &e);
@@ -150,7 +150,7 @@ static void exec_started(struct proc *p, void *owner)
 		res.process = &b.info;
 		op_end(st, &res);
 	}
-	exec_info_buf_free(&b);
+	op_exec_info_buf_free(&b);
 	proc_unref(p); /* the stream's */
 }
 
@@ -184,7 +184,7 @@ static void exec_finished(struct proc *p, void *owner)
 	struct stream *st = take_fg(p);
 	stream_send_data(st, NULL, 0, true);
 	Shim__V1__ExitStatus ex;
-	exec_fill_exit(p, &ex);
+	op_exec_fill_exit(p, &ex);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;

@@ -10,7 +10,7 @@ struct proc;
 struct stream;
 
 /* The filled messages point into p and into b. */
-void exec_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex);
+void op_exec_fill_exit(const struct proc *p, Shim__V1__ExitStatus *ex);
 struct exec_info_buf {
 	Shim__V1__ProcessInfo info;
 	Shim__V1__ExitStatus exit;
@@ -18,9 +18,9 @@ struct exec_info_buf {
 	ProtobufCBinaryData *argv; /* malloc'd */
 };
 /* argv_max: bytes of argv to include (the rest is cut). -1 (ENOMEM). */
-int exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_max);
-void exec_info_buf_free(struct exec_info_buf *b);
+int op_exec_fill_info(const struct proc *p, struct exec_info_buf *b, size_t argv_max);
+void op_exec_info_buf_free(struct exec_info_buf *b);
 /* EVENT started {id, pid} on st (exec, and attach). */
-void exec_send_started(struct stream *st, const struct proc *p);
+void op_exec_send_started(struct stream *st, const struct proc *p);
 
 #endif

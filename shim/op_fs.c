@@ -257,7 +257,7 @@ static int rm_step(struct fs_walk *w, int dfd, const char *errpath, struct shim_
 	return rm_push(w, cfd, ename, errpath, err) < 0 ? -1 : 1;
 }
 
-int fs_remove_tree(int dfd, const char *name, bool cancellable, const char *errpath, struct shim_err *err)
+int op_fs_remove_tree(int dfd, const char *name, bool cancellable, const char *errpath, struct shim_err *err)
 {
 	/* on the walker: never following a symlink, never leaving the mount */
 	struct fs_walk w;
@@ -301,7 +301,7 @@ int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 		if (r->has_recursive && r->recursive) {
 			sigset_t old;
 			fs_cancel_block(&old);
-			int rc = fs_remove_tree(dfd, name, true, p.abs, err);
+			int rc = op_fs_remove_tree(dfd, name, true, p.abs, err);
 			fs_cancel_restore(&old);
 			if (rc < 0)
 				return -1;
@@ -384,12 +384,12 @@ int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 	struct fs_copy_stats cs = {0, 0};
 	sigset_t old;
 	fs_cancel_block(&old);
-	int rc = fs_copy_entry(sdfd, sname, -1, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
+	int rc = op_fs_copy_entry(sdfd, sname, -1, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
 	/* once dst is in place the move is done but for removing the source: a
 	 * cancel no longer stops it halfway */
 	bool copied = rc == 0;
 	if (rc == 0 && S_ISDIR(st.st_mode))
-		rc = fs_remove_tree(sdfd, sname, false, src.abs, err);
+		rc = op_fs_remove_tree(sdfd, sname, false, src.abs, err);
 	else if (rc == 0 && unlinkat(sdfd, sname, 0) < 0)
 		rc = err_set(err, errno, src.abs, "unlink");
 	if (rc < 0 && copied && !dst_existed) {
@@ -397,7 +397,7 @@ int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 		 * move leaves one copy of the data, not two */
 		struct shim_err ignored;
 		if (S_ISDIR(st.st_mode))
-			fs_remove_tree(ddfd, dname, false, dst.abs, &ignored);
+			op_fs_remove_tree(ddfd, dname, false, dst.abs, &ignored);
 		else
 			unlinkat(ddfd, dname, 0);
 	}
@@ -544,15 +544,15 @@ int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct 
 	struct stat st;
 	if (fd < 0 && err->code == ENXIO && !allow) {
 		struct shim_err e;
-		if (fs_stat(&p, true, &st, &e) == 0 && fs_special_kind(st.st_mode) != NULL)
-			return fs_refuse_special(err, p.abs, st.st_mode, "truncate");
+		if (fs_stat(&p, true, &st, &e) == 0 && op_fs_io_special_kind(st.st_mode) != NULL)
+			return op_fs_io_refuse_special(err, p.abs, st.st_mode, "truncate");
 	}
 	if (fd < 0)
 		return -1;
 	if (fstat(fd, &st) < 0)
 		return err_set(err, errno, p.abs, "stat");
 	if (!S_ISREG(st.st_mode) && !allow)
-		return fs_refuse_special(err, p.abs, st.st_mode, "truncate");
+		return op_fs_io_refuse_special(err, p.abs, st.st_mode, "truncate");
 	if (ftruncate(fd, (off_t)r->size) < 0)
 		return err_set(err, errno, p.abs, "truncate");
 	return op_reply_done(reply, err);

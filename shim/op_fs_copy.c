@@ -340,9 +340,9 @@ static void temp_name(char out[64])
 		o += snprintf(out + o, 64 - (size_t)o, "%02x", r[i]);
 }
 
-int fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, int ddfd, const char *dname,
-		  unsigned rename_flags, struct fs_copy_stats *stats, const char *spath, const char *dpath,
-		  struct shim_err *err)
+int op_fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, int ddfd, const char *dname,
+		     unsigned rename_flags, struct fs_copy_stats *stats, const char *spath, const char *dpath,
+		     struct shim_err *err)
 {
 	struct copy_ctx c = {
 		.stats = stats,
@@ -404,7 +404,7 @@ fail:
 	/* leave nothing behind; the first error is the one reported */
 	if (dir) {
 		struct shim_err ignored;
-		fs_remove_tree(ddfd, tmp, false, dpath, &ignored);
+		op_fs_remove_tree(ddfd, tmp, false, dpath, &ignored);
 	} else {
 		unlinkat(ddfd, tmp, 0);
 	}
@@ -466,7 +466,7 @@ int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim
 	unsigned flags = S_ISDIR(st.st_mode) ? RENAME_NOREPLACE : 0;
 	sigset_t old;
 	fs_cancel_block(&old);
-	int rc = fs_copy_entry(sdfd, sname, sfd, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
+	int rc = op_fs_copy_entry(sdfd, sname, sfd, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
 	fs_cancel_restore(&old);
 	if (rc < 0)
 		return -1;

@@ -22,7 +22,7 @@
 
 /* ================================ special files ================================ */
 
-const char *fs_special_kind(unsigned m)
+const char *op_fs_io_special_kind(unsigned m)
 {
 	if (S_ISFIFO(m))
 		return "a FIFO";
@@ -35,9 +35,9 @@ const char *fs_special_kind(unsigned m)
 	return NULL;
 }
 
-int fs_refuse_special(struct shim_err *err, const char *path, unsigned m, const char *verb)
+int op_fs_io_refuse_special(struct shim_err *err, const char *path, unsigned m, const char *verb)
 {
-	const char *kind = fs_special_kind(m);
+	const char *kind = op_fs_io_special_kind(m);
 	return err_set(err, EPERM, path, "%s: %s, not a regular file (allow_special to %s it)", verb,
 		       kind != NULL ? kind : "not a regular file", verb);
 }
@@ -563,7 +563,7 @@ static void rd_open_run(struct work *w)
 		if (fs_stat(&r->p, true, &st, &r->err) < 0)
 			return;
 		if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && !r->allow_special) {
-			fs_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
+			op_fs_io_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
 			return;
 		}
 		if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
@@ -578,8 +578,8 @@ static void rd_open_run(struct work *w)
 		/* a socket file (ENXIO) not allowed: name it rather than the open's errno */
 		struct shim_err e;
 		if (r->err.code == ENXIO && !r->allow_special && fs_stat(&r->p, true, &st, &e) == 0 &&
-		    fs_special_kind(st.st_mode) != NULL)
-			fs_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
+		    op_fs_io_special_kind(st.st_mode) != NULL)
+			op_fs_io_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
 		return;
 	}
 	if (fstat(fd, &st) < 0) {
@@ -591,7 +591,7 @@ static void rd_open_run(struct work *w)
 		return;
 	}
 	if (!S_ISREG(st.st_mode) && !r->allow_special) {
-		fs_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
+		op_fs_io_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
 		return;
 	}
 	r->seekable = S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
@@ -860,9 +860,9 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 	if (w->fd < 0 && w->err.code == ENXIO) {
 		/* a FIFO without a reader (or a socket file): name it */
 		struct shim_err e;
-		if (fs_stat(&w->p, true, &st, &e) == 0 && fs_special_kind(st.st_mode) != NULL) {
+		if (fs_stat(&w->p, true, &st, &e) == 0 && op_fs_io_special_kind(st.st_mode) != NULL) {
 			if (!w->allow_special) {
-				fs_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+				op_fs_io_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
 				wr_release(w);
 				return -1;
 			}
@@ -880,7 +880,7 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 	if (fstat(w->fd, &st) < 0)
 		return wr_fail(w, errno, "stat");
 	if (!S_ISREG(st.st_mode) && !w->allow_special) {
-		fs_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+		op_fs_io_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
 		wr_release(w);
 		return -1;
 	}
@@ -973,7 +973,7 @@ static int wr_check_target(struct wr *w)
 	if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
 		/* replacing /dev/null with a file would be a surprise: in place, if allowed */
 		if (!w->allow_special) {
-			fs_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+			op_fs_io_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
 			wr_release(w);
 			return -1;
 		}

@@ -123,7 +123,7 @@ static void start_unmount(struct mount *m);
 static void abort_start(struct mount *m);
 static void rclone_exited(void *ud, pid_t pid, int status);
 
-unsigned mount_count(void)
+unsigned op_mount_count(void)
 {
 	return mt.n;
 }
@@ -946,7 +946,7 @@ static void shutdown_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	then(mt.srv);
 }
 
-bool mount_shutdown_begin(struct server *s, void (*then)(struct server *s))
+bool op_mount_shutdown_begin(struct server *s, void (*then)(struct server *s))
 {
 	if (mt.n == 0)
 		return false;

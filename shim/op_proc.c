@@ -57,7 +57,7 @@ static void done_reply(struct stream *st)
 static void exit_reply(struct stream *st, const struct proc *p)
 {
 	Shim__V1__ExitStatus ex;
-	exec_fill_exit(p, &ex);
+	op_exec_fill_exit(p, &ex);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
@@ -235,7 +235,7 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	proc_attach_add(p, &a->pa);
 	st->ops = &attach_ops;
 	st->op_data = a;
-	exec_send_started(st, p);
+	op_exec_send_started(st, p);
 	attach_pump(a);
 	return 0;
 }
@@ -387,8 +387,8 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 		for (struct proc *p = proc_first(); p != NULL && i < n; p = proc_next(p)) {
 			if (p->state != PROC_RUNNING && p->state != PROC_EXITED)
 				continue;
-			exec_info_buf_free(&bufs[i]);
-			if (exec_fill_info(p, &bufs[i], argv_steps[s]) < 0)
+			op_exec_info_buf_free(&bufs[i]);
+			if (op_exec_fill_info(p, &bufs[i], argv_steps[s]) < 0)
 				rc = -1;
 			infos[i] = &bufs[i].info;
 			i++;
@@ -405,7 +405,7 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 	if (rc == 0)
 		op_end(st, &res);
 	for (size_t i = 0; i < n; i++)
-		exec_info_buf_free(&bufs[i]);
+		op_exec_info_buf_free(&bufs[i]);
 	free(bufs);
 	free(infos);
 	if (rc < 0)

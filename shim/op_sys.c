@@ -74,7 +74,7 @@ static void info_done(struct work *w)
 		r.connections = s->n_conns;
 		r.streams = s->n_streams;
 		r.processes = proc_running();
-		r.mounts = mount_count();
+		r.mounts = op_mount_count();
 		r.has_rss_bytes = j->rss != 0;
 		r.rss_bytes = j->rss;
 		r.has_load1 = r.has_load5 = r.has_load15 = j->have_load;

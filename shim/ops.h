@@ -1,4 +1,5 @@
-/* ops.h: the operation families' entry points, as the dispatch table sees them. */
+/* ops.h: the operation families' entry points, as the dispatch table sees them, and the
+ * reply helpers they share (dispatch.c). */
 #ifndef SHIM_OPS_H
 #define SHIM_OPS_H
 
@@ -12,7 +13,7 @@ struct op_reply {
 	uint8_t *buf;
 	size_t len;
 };
-/* Pack res into reply (on the worker). -1 with err (ENOMEM). */
+/* dispatch.c: pack res into reply (on the worker). -1 with err (ENOMEM). */
 int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err);
 /* Reply with Result.done. */
 int op_reply_done(struct op_reply *reply, struct shim_err *err);
@@ -52,8 +53,8 @@ int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim
 /* Special files (op_fs_io.c): "a FIFO", "a socket", "a character device", "a block
  * device", or NULL for anything else; and the refusal of one a request did not allow
  * (1 EPERM, "VERB: a FIFO, not a regular file (allow_special to VERB it)"). */
-const char *fs_special_kind(unsigned mode);
-int fs_refuse_special(struct shim_err *err, const char *path, unsigned mode, const char *verb);
+const char *op_fs_io_special_kind(unsigned mode);
+int op_fs_io_refuse_special(struct shim_err *err, const char *path, unsigned mode, const char *verb);
 int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 /* op_fs_list.c */
@@ -88,7 +89,7 @@ int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *e
 int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
-/* End st with END carrying result (packed here). */
+/* dispatch.c: end st with END carrying result (packed there). */
 void op_end(struct stream *st, const Shim__V1__Result *result);
 
 #endif

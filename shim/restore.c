@@ -65,7 +65,7 @@
  *
  * Merge mode extracts into such a temp directory too, and once the archive is
  * complete and verified moves its entries into dir: existing files are replaced,
- * directories kept (restore_swap.c, ex_merge_in); then the directories' modes and
+ * directories kept (restore_swap.c, restore_swap_merge_in); then the directories' modes and
  * times are set in dir. So a bad archive, a refused member or a wrong sha256 leave
  * dir as it was; the merge itself is not atomic.
  *
@@ -79,7 +79,7 @@
 
 /* ---- errors ---- */
 
-int ex_fail(struct ex *x, int code, const char *fmt, ...)
+int restore_fail(struct restore *x, int code, const char *fmt, ...)
 {
 	if (x->err_set)
 		return -1;
@@ -97,10 +97,10 @@ int ex_fail(struct ex *x, int code, const char *fmt, ...)
 /* A libarchive failure: our input's own error (a cancel, a read error of
  * from_path) if that is what it was, else the archive is bad: named with the
  * offset the reader had got to. */
-int ex_fail_archive(struct ex *x, const char *what)
+int restore_fail_archive(struct restore *x, const char *what)
 {
 	if (x->input_err != 0)
-		return ex_fail(x, x->input_err, "%s: %s", what, x->input_err == ECANCELED ? "cancelled" : "read");
+		return restore_fail(x, x->input_err, "%s: %s", what, x->input_err == ECANCELED ? "cancelled" : "read");
 	struct archive *ar = x->a != NULL ? x->a : x->in;
 	const char *msg = ar != NULL ? archive_error_string(ar) : NULL;
 	if (msg == NULL)
@@ -110,35 +110,35 @@ int ex_fail_archive(struct ex *x, const char *what)
 		 * decompressor got to; before it is set up, how much it had read) */
 		long long off = x->in != NULL ? (long long)archive_filter_bytes(x->in, -1) : -1;
 		if (off < 0)
-			return ex_fail(x, EBADMSG, "%s at offset %llu of the stream or before: %s", what,
-				       (unsigned long long)x->r->stream_bytes, msg);
-		return ex_fail(x, EBADMSG, "%s at offset %lld of the stream: %s", what, off, msg);
+			return restore_fail(x, EBADMSG, "%s at offset %llu of the stream or before: %s", what,
+					    (unsigned long long)x->r->stream_bytes, msg);
+		return restore_fail(x, EBADMSG, "%s at offset %lld of the stream: %s", what, off, msg);
 	}
-	return ex_fail(x, EBADMSG, "%s at offset %lld%s: %s", what, (long long)archive_filter_bytes(x->a, 0),
-		       x->compressed ? " (decompressed)" : "", msg);
+	return restore_fail(x, EBADMSG, "%s at offset %lld%s: %s", what, (long long)archive_filter_bytes(x->a, 0),
+			    x->compressed ? " (decompressed)" : "", msg);
 }
 
-bool ex_cancelled(struct ex *x)
+bool restore_cancelled(struct restore *x)
 {
-	return bjob_cancelled(&x->r->j);
+	return op_backup_job_cancelled(&x->r->j);
 }
 
 /* ---- input ---- */
 
 static la_ssize_t read_cb(struct archive *a, void *ud, const void **buf)
 {
-	struct ex *x = ud;
-	struct rs *r = x->r;
+	struct restore *x = ud;
+	struct restore_job *r = x->r;
 	ssize_t n;
 	if (r->has_from) {
-		if (ex_cancelled(x)) {
+		if (restore_cancelled(x)) {
 			x->input_err = ECANCELED;
 			archive_set_error(a, ECANCELED, "cancelled");
 			return -1;
 		}
 		do
 			n = read(x->from_fd, x->from_buf, FROM_BUF);
-		while (n < 0 && errno == EINTR && !ex_cancelled(x));
+		while (n < 0 && errno == EINTR && !restore_cancelled(x));
 		if (n < 0) {
 			x->input_err = errno;
 			archive_set_error(a, errno, "read %s", r->from.abs);
@@ -147,7 +147,7 @@ static la_ssize_t read_cb(struct archive *a, void *ud, const void **buf)
 		sha256_update(&r->sha, (size_t)n, x->from_buf);
 		*buf = x->from_buf;
 	} else {
-		n = rs_input(r, buf);
+		n = op_backup_restore_input(r, buf);
 		if (n < 0) {
 			x->input_err = ECANCELED;
 			archive_set_error(a, ECANCELED, "cancelled");
@@ -162,7 +162,7 @@ static la_ssize_t read_cb(struct archive *a, void *ud, const void **buf)
 /* The tar reader's input: the decompressor's output, a block at a time. The
  * block handed over and the last KiB before it stay in view (blk, before): the
  * checks at the end look at what the tar reader saw there. */
-static void keep_before(struct ex *x)
+static void keep_before(struct restore *x)
 {
 	size_t n = x->blk_len, cap = sizeof(x->before);
 	if (n >= cap) {
@@ -181,7 +181,7 @@ static void keep_before(struct ex *x)
 
 static la_ssize_t tar_read_cb(struct archive *a, void *ud, const void **buf)
 {
-	struct ex *x = ud;
+	struct restore *x = ud;
 	keep_before(x);
 	while (!x->in_eof) {
 		const void *p;
@@ -200,7 +200,7 @@ static la_ssize_t tar_read_cb(struct archive *a, void *ud, const void **buf)
 		if (n == 0)
 			continue;
 		/* the pointer goes on as it is: uncompressed, it is into the stream's
-		 * ring, where the file writer may write from (rs_ring_offset) */
+		 * ring, where the file writer may write from (op_backup_restore_ring_offset) */
 		x->blk = p;
 		x->blk_len = n;
 		*buf = p;
@@ -211,7 +211,7 @@ static la_ssize_t tar_read_cb(struct archive *a, void *ud, const void **buf)
 }
 
 /* Byte off of the decompressed archive, if it is still in view; else -1. */
-static int arch_byte(const struct ex *x, uint64_t off)
+static int arch_byte(const struct restore *x, uint64_t off)
 {
 	if (off >= x->blk_off && off - x->blk_off < x->blk_len)
 		return x->blk[off - x->blk_off];
@@ -221,7 +221,7 @@ static int arch_byte(const struct ex *x, uint64_t off)
 }
 
 /* The 512-byte block at off is in view and all zeros. */
-static bool zero_block(const struct ex *x, uint64_t off)
+static bool zero_block(const struct restore *x, uint64_t off)
 {
 	for (uint64_t o = off; o < off + 512; o++)
 		if (arch_byte(x, o) != 0)
@@ -232,28 +232,28 @@ static bool zero_block(const struct ex *x, uint64_t off)
 /* The tar reader said "end of archive": the end-of-archive marker (two zero blocks)
  * must be where it looked for the next header, then only zeros to the end of the
  * decompressed stream. last names the last member read (NULL: none). */
-static int check_end(struct ex *x, const char *last)
+static int check_end(struct restore *x, const char *last)
 {
 	uint64_t h = (uint64_t)archive_read_header_position(x->a);
 	uint64_t e = (uint64_t)archive_filter_bytes(x->a, 0);
 	const char *z = x->compressed ? " (decompressed)" : "";
 	if (e == h)
-		return ex_fail(x, EBADMSG,
-			       "truncated archive: it ends at offset %llu%s %s, without the end-of-archive blocks",
-			       (unsigned long long)h, z, last != NULL ? "after this member" : "before any member");
+		return restore_fail(x, EBADMSG,
+				    "truncated archive: it ends at offset %llu%s %s, without the end-of-archive blocks",
+				    (unsigned long long)h, z, last != NULL ? "after this member" : "before any member");
 	if (!zero_block(x, h))
 		/* a header the reader skipped (a GNU volume label) or began, then the end */
-		return ex_fail(x, EBADMSG, "truncated archive: no member follows the header at offset %llu%s",
-			       (unsigned long long)h, z);
+		return restore_fail(x, EBADMSG, "truncated archive: no member follows the header at offset %llu%s",
+				    (unsigned long long)h, z);
 	if (e < h + 1024 || !zero_block(x, h + 512)) {
 		bool more = arch_byte(x, h + 512) >= 0 || !x->in_eof;
 		if (more)
-			return ex_fail(
+			return restore_fail(
 				x, EBADMSG,
 				"a lone zero block at offset %llu%s, followed by data: not an end-of-archive marker",
 				(unsigned long long)h, z);
-		return ex_fail(x, EBADMSG, "truncated archive: one end-of-archive block at offset %llu%s, not two",
-			       (unsigned long long)h, z);
+		return restore_fail(x, EBADMSG, "truncated archive: one end-of-archive block at offset %llu%s, not two",
+				    (unsigned long long)h, z);
 	}
 	/* the rest of the block in view, then whatever the decompressor still has
 	 * (errors from here on are the stream's, not the last member's) */
@@ -262,8 +262,8 @@ static int check_end(struct ex *x, const char *last)
 	for (uint64_t o = e; o < end; o++) {
 		int c = arch_byte(x, o);
 		if (c != 0)
-			return ex_fail(x, EBADMSG, "data after the end of the archive at offset %llu%s",
-				       (unsigned long long)o, z);
+			return restore_fail(x, EBADMSG, "data after the end of the archive at offset %llu%s",
+					    (unsigned long long)o, z);
 	}
 	while (!x->in_eof) {
 		const void *p;
@@ -279,13 +279,13 @@ static int check_end(struct ex *x, const char *last)
 			archive_set_error(x->a, EBADMSG, "%s stream: %s", archive_filter_name(x->in, 0),
 					  archive_error_string(x->in) ? archive_error_string(x->in) :
 									"damaged or cut short");
-			return ex_fail_archive(x, "after the end of the archive");
+			return restore_fail_archive(x, "after the end of the archive");
 		}
 		const uint8_t *b = p;
 		for (size_t i = 0; i < n; i++)
 			if (b[i] != 0)
-				return ex_fail(x, EBADMSG, "data after the end of the archive at offset %llu%s",
-					       (unsigned long long)(end + i), z);
+				return restore_fail(x, EBADMSG, "data after the end of the archive at offset %llu%s",
+						    (unsigned long long)(end + i), z);
 		end += n;
 	}
 	return 0;
@@ -295,21 +295,21 @@ static int check_end(struct ex *x, const char *last)
  * of it) and set r->sha_hex. A compressed stream must end with the compressor's
  * own end: gzip's reader stops at the first bytes after it that do not start a new
  * member and says nothing (zstd's refuses them). */
-static int drain(struct ex *x)
+static int drain(struct restore *x)
 {
 	const void *buf;
 	la_ssize_t n;
 	while ((n = read_cb(x->in, x, &buf)) > 0)
 		;
 	if (n < 0)
-		return ex_fail(x, x->input_err ? x->input_err : EIO, "read the end of the stream");
+		return restore_fail(x, x->input_err ? x->input_err : EIO, "read the end of the stream");
 	if (x->r->has_from)
-		bk_sha_hex(&x->r->sha, x->r->sha_hex);
+		op_backup_sha_hex(&x->r->sha, x->r->sha_hex);
 	uint64_t used = (uint64_t)archive_filter_bytes(x->in, -1);
 	if (x->compressed && x->r->stream_bytes > used)
-		return ex_fail(x, EBADMSG, "%llu bytes after the end of the %s stream at offset %llu",
-			       (unsigned long long)(x->r->stream_bytes - used), archive_filter_name(x->in, 0),
-			       (unsigned long long)used);
+		return restore_fail(x, EBADMSG, "%llu bytes after the end of the %s stream at offset %llu",
+				    (unsigned long long)(x->r->stream_bytes - used), archive_filter_name(x->in, 0),
+				    (unsigned long long)used);
 	return 0;
 }
 
@@ -317,12 +317,12 @@ static int drain(struct ex *x)
 
 /* The member path raw as a relative path of plain components ("." and empty ones
  * dropped) into out: refused if absolute or with "..". */
-static int normalize(struct ex *x, const char *raw, char *out, size_t *olen, const char *what)
+static int normalize(struct restore *x, const char *raw, char *out, size_t *olen, const char *what)
 {
 	if (raw == NULL || raw[0] == '\0')
-		return ex_fail(x, EBADMSG, "%s: empty name", what);
+		return restore_fail(x, EBADMSG, "%s: empty name", what);
 	if (raw[0] == '/')
-		return ex_fail(x, EPERM, "%s: absolute path refused", what);
+		return restore_fail(x, EPERM, "%s: absolute path refused", what);
 	size_t o = 0;
 	for (const char *p = raw; *p != '\0';) {
 		while (*p == '/')
@@ -338,11 +338,11 @@ static int normalize(struct ex *x, const char *raw, char *out, size_t *olen, con
 			continue;
 		}
 		if (len == 2 && p[0] == '.' && p[1] == '.')
-			return ex_fail(x, EPERM, "%s: \"..\" in the path refused", what);
+			return restore_fail(x, EPERM, "%s: \"..\" in the path refused", what);
 		if (len > NAME_MAX)
-			return ex_fail(x, ENAMETOOLONG, "%s: a name longer than %d bytes", what, NAME_MAX);
+			return restore_fail(x, ENAMETOOLONG, "%s: a name longer than %d bytes", what, NAME_MAX);
 		if (o + len + 1 > EX_NAME_MAX)
-			return ex_fail(x, ENAMETOOLONG, "%s: path too long", what);
+			return restore_fail(x, ENAMETOOLONG, "%s: path too long", what);
 		if (o > 0)
 			out[o++] = '/';
 		memcpy(out + o, p, len);
@@ -358,14 +358,14 @@ static int normalize(struct ex *x, const char *raw, char *out, size_t *olen, con
 
 /* Open the directory comp in fd, never through a symlink. create: make it if it is
  * missing (a directory the archive implies without an entry of its own). */
-static int open_dir(struct ex *x, int fd, const char *comp, bool create)
+static int open_dir(struct restore *x, int fd, const char *comp, bool create)
 {
 	int nfd = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (nfd >= 0)
 		return nfd;
 	if (errno == ENOENT && create) {
 		if (mkdirat(fd, comp, 0755) < 0 && errno != EEXIST)
-			return ex_fail(x, errno, "create directory %s", comp);
+			return restore_fail(x, errno, "create directory %s", comp);
 		nfd = openat(fd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (nfd >= 0)
 			return nfd;
@@ -374,15 +374,15 @@ static int open_dir(struct ex *x, int fd, const char *comp, bool create)
 	if (e == ENOTDIR || e == ELOOP) {
 		struct stat st;
 		if (fstatat(fd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
-			return ex_fail(x, EPERM, "the path goes through the symlink %s: refused", comp);
-		return ex_fail(x, ENOTDIR, "%s on the path is not a directory", comp);
+			return restore_fail(x, EPERM, "the path goes through the symlink %s: refused", comp);
+		return restore_fail(x, ENOTDIR, "%s on the path is not a directory", comp);
 	}
 	if (e == ENOENT)
-		return ex_fail(x, ENOENT, "%s on the path does not exist", comp);
-	return ex_fail(x, e, "open directory %s", comp);
+		return restore_fail(x, ENOENT, "%s on the path does not exist", comp);
+	return restore_fail(x, e, "open directory %s", comp);
 }
 
-void ex_stack_close(struct ex *x, size_t keep)
+void restore_stack_close(struct restore *x, size_t keep)
 {
 	while (x->nstk > keep)
 		close(x->stk[--x->nstk].fd);
@@ -391,7 +391,7 @@ void ex_stack_close(struct ex *x, size_t keep)
 /* The directory holding the member path[0..plen) (its first dlen bytes name it):
  * the stack is reused as far as it matches. *tmp is set when the fd returned is
  * not kept in the stack (a very deep path) and must be closed by the caller. */
-static int parent_fd(struct ex *x, const char *path, size_t dlen, bool create, bool *tmp)
+static int parent_fd(struct restore *x, const char *path, size_t dlen, bool create, bool *tmp)
 {
 	*tmp = false;
 	if (dlen == 0)
@@ -403,7 +403,7 @@ static int parent_fd(struct ex *x, const char *path, size_t dlen, bool create, b
 			break;
 		k++;
 	}
-	ex_stack_close(x, k);
+	restore_stack_close(x, k);
 	size_t pos = k > 0 ? x->stk[k - 1].end + 1 : 0;
 	int fd = k > 0 ? x->stk[k - 1].fd : x->base;
 	bool fd_tmp = false;
@@ -422,7 +422,7 @@ static int parent_fd(struct ex *x, const char *path, size_t dlen, bool create, b
 			return -1;
 		fd_tmp = x->nstk >= EX_STACK;
 		if (!fd_tmp)
-			x->stk[x->nstk++] = (struct ex_level){nfd, e};
+			x->stk[x->nstk++] = (struct restore_level){nfd, e};
 		fd = nfd;
 		pos = e + 1;
 	}
@@ -432,7 +432,7 @@ static int parent_fd(struct ex *x, const char *path, size_t dlen, bool create, b
 
 /* Make room at pfd/name for a new entry: remove a file, a symlink or an empty
  * directory that is there. */
-static int clear_slot(struct ex *x, int pfd, const char *name)
+static int clear_slot(struct restore *x, int pfd, const char *name)
 {
 	if (unlinkat(pfd, name, 0) == 0 || errno == ENOENT)
 		return 0;
@@ -440,20 +440,20 @@ static int clear_slot(struct ex *x, int pfd, const char *name)
 		if (unlinkat(pfd, name, AT_REMOVEDIR) == 0)
 			return 0;
 		if (errno == ENOTEMPTY || errno == EEXIST)
-			return ex_fail(x, EEXIST, "a non-empty directory is in the way");
+			return restore_fail(x, EEXIST, "a non-empty directory is in the way");
 	}
-	return ex_fail(x, errno, "remove what is in the way");
+	return restore_fail(x, errno, "remove what is in the way");
 }
 
 /* ---- metadata ---- */
 
-bool ex_xattr_skippable(int e)
+bool restore_xattr_skippable(int e)
 {
 	return e == ENOTSUP || e == EOPNOTSUPP || e == EPERM || e == EACCES || e == ENOSYS;
 }
 
 /* Set the member's xattrs: through fd, or (fd < 0) on pfd/name without following. */
-static int set_xattrs(struct ex *x, struct archive_entry *e, int fd, int pfd, const char *name)
+static int set_xattrs(struct restore *x, struct archive_entry *e, int fd, int pfd, const char *name)
 {
 	if (archive_entry_xattr_reset(e) == 0)
 		return 0;
@@ -467,8 +467,8 @@ static int set_xattrs(struct ex *x, struct archive_entry *e, int fd, int pfd, co
 		int rc = fd >= 0 ? fsetxattr(fd, key, val, size, 0) : lsetxattr(proc, key, val, size, 0);
 		if (rc == 0)
 			continue;
-		if (!ex_xattr_skippable(errno))
-			return ex_fail(x, errno, "set xattr %s", key);
+		if (!restore_xattr_skippable(errno))
+			return restore_fail(x, errno, "set xattr %s", key);
 		if (!x->xattr_warned)
 			log_warn("restore %s: xattr %s of %s not set: %s (further ones not logged)", x->r->dir.abs, key,
 				 x->member, strerror(errno));
@@ -477,7 +477,7 @@ static int set_xattrs(struct ex *x, struct archive_entry *e, int fd, int pfd, co
 	return 0;
 }
 
-void ex_entry_times(struct archive_entry *e, struct timespec ts[2])
+void restore_entry_times(struct archive_entry *e, struct timespec ts[2])
 {
 	ts[0].tv_sec = archive_entry_atime(e);
 	ts[0].tv_nsec = archive_entry_atime_is_set(e) ? archive_entry_atime_nsec(e) : UTIME_OMIT;
@@ -485,7 +485,7 @@ void ex_entry_times(struct archive_entry *e, struct timespec ts[2])
 	ts[1].tv_nsec = archive_entry_mtime_is_set(e) ? archive_entry_mtime_nsec(e) : UTIME_OMIT;
 }
 
-bool ex_want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid)
+bool restore_want_owner(const struct restore *x, struct archive_entry *e, uid_t *uid, gid_t *gid)
 {
 	if (!x->root)
 		return false;
@@ -494,7 +494,7 @@ bool ex_want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_
 	return *uid != x->euid || *gid != x->egid || x->sgid_possible;
 }
 
-void ex_chown_failed(struct ex *x, int e)
+void restore_chown_failed(struct restore *x, int e)
 {
 	/* an id the user namespace does not map (EINVAL): the file stays ours */
 	log_warn("restore %s: cannot give %s its owner: %s", x->r->dir.abs, x->member, strerror(e));
@@ -502,38 +502,38 @@ void ex_chown_failed(struct ex *x, int e)
 
 /* Owner and xattrs of a directory open as fd (its mode and times are set at the end,
  * apply_fixups; regular files get theirs from the file writer, restore_files.c). */
-static int meta_dir(struct ex *x, struct archive_entry *e, int fd)
+static int meta_dir(struct restore *x, struct archive_entry *e, int fd)
 {
 	uid_t uid;
 	gid_t gid;
-	if (ex_want_owner(x, e, &uid, &gid) && fchown(fd, uid, gid) < 0)
-		ex_chown_failed(x, errno);
+	if (restore_want_owner(x, e, &uid, &gid) && fchown(fd, uid, gid) < 0)
+		restore_chown_failed(x, errno);
 	return set_xattrs(x, e, fd, -1, NULL);
 }
 
-static int add_fix(struct ex *x, struct archive_entry *e)
+static int add_fix(struct restore *x, struct archive_entry *e)
 {
 	if (x->nfix == x->capfix) {
 		size_t ncap = x->capfix ? x->capfix * 2 : 64;
 		struct dirfix *nf = realloc(x->fix, ncap * sizeof(*nf));
 		if (nf == NULL)
-			return ex_fail(x, ENOMEM, "out of memory");
+			return restore_fail(x, ENOMEM, "out of memory");
 		x->fix = nf;
 		x->capfix = ncap;
 	}
 	struct dirfix *f = &x->fix[x->nfix];
 	f->path = strndup(x->path, x->plen);
 	if (f->path == NULL)
-		return ex_fail(x, ENOMEM, "out of memory");
+		return restore_fail(x, ENOMEM, "out of memory");
 	f->mode = archive_entry_perm(e) & 07777;
-	ex_entry_times(e, f->ts);
+	restore_entry_times(e, f->ts);
 	x->nfix++;
 	return 0;
 }
 
 /* ---- members ---- */
 
-static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+static int ex_dir(struct restore *x, struct archive_entry *e, int pfd, const char *name)
 {
 	if (x->plen == 0) {
 		/* dir itself ("./"): its owner and xattrs now, mode and times at the end */
@@ -544,23 +544,23 @@ static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *na
 	}
 	if (mkdirat(pfd, name, 0700) < 0) {
 		if (errno != EEXIST)
-			return ex_fail(x, errno, "mkdir");
+			return restore_fail(x, errno, "mkdir");
 		struct stat st;
 		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			return ex_fail(x, errno, "lstat");
+			return restore_fail(x, errno, "lstat");
 		if (!S_ISDIR(st.st_mode)) {
 			if (clear_slot(x, pfd, name) < 0)
 				return -1;
 			if (mkdirat(pfd, name, 0700) < 0)
-				return ex_fail(x, errno, "mkdir");
+				return restore_fail(x, errno, "mkdir");
 		}
 	}
 	uid_t uid;
 	gid_t gid;
-	if (ex_want_owner(x, e, &uid, &gid) || archive_entry_xattr_count(e) > 0) {
+	if (restore_want_owner(x, e, &uid, &gid) || archive_entry_xattr_count(e) > 0) {
 		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd < 0)
-			return ex_fail(x, errno, "open directory");
+			return restore_fail(x, errno, "open directory");
 		int rc = meta_dir(x, e, fd);
 		close(fd);
 		if (rc < 0)
@@ -569,7 +569,7 @@ static int ex_dir(struct ex *x, struct archive_entry *e, int pfd, const char *na
 	return add_fix(x, e);
 }
 
-static int ex_file(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+static int ex_file(struct restore *x, struct archive_entry *e, int pfd, const char *name)
 {
 	mode_t perm = archive_entry_perm(e) & 0777;
 	int fd = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, perm);
@@ -579,61 +579,61 @@ static int ex_file(struct ex *x, struct archive_entry *e, int pfd, const char *n
 		fd = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, perm);
 	}
 	if (fd < 0)
-		return ex_fail(x, errno, "create");
-	return rf_file(x, e, fd, x->umask_known ? (perm & ~x->umask) : perm);
+		return restore_fail(x, errno, "create");
+	return restore_files_add(x, e, fd, x->umask_known ? (perm & ~x->umask) : perm);
 }
 
-static int ex_symlink(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+static int ex_symlink(struct restore *x, struct archive_entry *e, int pfd, const char *name)
 {
 	const char *target = archive_entry_symlink(e);
 	if (target == NULL || target[0] == '\0')
-		return ex_fail(x, EBADMSG, "symlink without a target");
+		return restore_fail(x, EBADMSG, "symlink without a target");
 	/* any target is fine: nothing here ever follows a symlink */
 	if (symlinkat(target, pfd, name) < 0) {
 		if (errno != EEXIST || clear_slot(x, pfd, name) < 0 || symlinkat(target, pfd, name) < 0)
-			return ex_fail(x, errno, "symlink");
+			return restore_fail(x, errno, "symlink");
 	}
 	uid_t uid;
 	gid_t gid;
-	if (ex_want_owner(x, e, &uid, &gid) && fchownat(pfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-		ex_chown_failed(x, errno);
+	if (restore_want_owner(x, e, &uid, &gid) && fchownat(pfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+		restore_chown_failed(x, errno);
 	if (set_xattrs(x, e, -1, pfd, name) < 0)
 		return -1;
 	struct timespec ts[2];
-	ex_entry_times(e, ts);
+	restore_entry_times(e, ts);
 	if (utimensat(pfd, name, ts, AT_SYMLINK_NOFOLLOW) < 0)
-		return ex_fail(x, errno, "set times");
+		return restore_fail(x, errno, "set times");
 	return 0;
 }
 
 /* FIFOs and device nodes. */
-static int ex_node(struct ex *x, struct archive_entry *e, int pfd, const char *name)
+static int ex_node(struct restore *x, struct archive_entry *e, int pfd, const char *name)
 {
 	mode_t type = archive_entry_filetype(e);
 	if (type != AE_IFIFO && !x->r->allow_devices)
-		return ex_fail(x, EPERM, "device node refused (allow_devices is off)");
+		return restore_fail(x, EPERM, "device node refused (allow_devices is off)");
 	mode_t perm = archive_entry_perm(e) & 0777;
 	dev_t dev = type == AE_IFIFO ? 0 : archive_entry_rdev(e);
 	if (mknodat(pfd, name, type | perm, dev) < 0) {
 		if (errno != EEXIST || clear_slot(x, pfd, name) < 0 || mknodat(pfd, name, type | perm, dev) < 0)
-			return ex_fail(x, errno, "mknod");
+			return restore_fail(x, errno, "mknod");
 	}
 	/* an O_PATH fd: opening the node itself could block (FIFO) or act (device) */
 	int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return ex_fail(x, errno, "open");
+		return restore_fail(x, errno, "open");
 	int rc = -1;
 	struct stat st;
 	if (fstat(fd, &st) < 0 || (st.st_mode & S_IFMT) != type) {
-		ex_fail(x, EAGAIN, "replaced while being restored");
+		restore_fail(x, EAGAIN, "replaced while being restored");
 		goto out;
 	}
 	uid_t uid;
 	gid_t gid;
 	bool chowned = false;
-	if (ex_want_owner(x, e, &uid, &gid)) {
+	if (restore_want_owner(x, e, &uid, &gid)) {
 		if (fchownat(fd, "", uid, gid, AT_EMPTY_PATH) < 0)
-			ex_chown_failed(x, errno);
+			restore_chown_failed(x, errno);
 		else
 			chowned = true;
 	}
@@ -641,13 +641,13 @@ static int ex_node(struct ex *x, struct archive_entry *e, int pfd, const char *n
 		goto out;
 	mode_t mode = archive_entry_perm(e) & 07777;
 	if ((mode != (st.st_mode & 07777) || chowned) && fs_fd_chmod(fd, mode) < 0) {
-		ex_fail(x, errno, "chmod");
+		restore_fail(x, errno, "chmod");
 		goto out;
 	}
 	struct timespec ts[2];
-	ex_entry_times(e, ts);
+	restore_entry_times(e, ts);
 	if (fs_fd_utimens(fd, ts) < 0) {
-		ex_fail(x, errno, "set times");
+		restore_fail(x, errno, "set times");
 		goto out;
 	}
 	rc = 0;
@@ -658,7 +658,7 @@ out:
 
 /* Link x->tpath, resolved from base, to pfd/name. 0; 1 when the target is not
  * there (nothing reported); -1 with the job's error. */
-static int link_from(struct ex *x, int base, int pfd, const char *name)
+static int link_from(struct restore *x, int base, int pfd, const char *name)
 {
 	/* the target's directory, walked on its own (the stack holds the member's) */
 	const char *slash = strrchr(x->tpath, '/');
@@ -702,18 +702,18 @@ static int link_from(struct ex *x, int base, int pfd, const char *name)
 	if (rc < 0) {
 		if (err == ENOENT)
 			return 1;
-		return ex_fail(x, err, "link to %.150s", x->tpath);
+		return restore_fail(x, err, "link to %.150s", x->tpath);
 	}
 	return 0;
 }
 
-static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
+static int ex_hardlink(struct restore *x, int pfd, const char *name, const char *raw)
 {
 	size_t tlen;
 	if (normalize(x, raw, x->tpath, &tlen, "hard link target") < 0)
 		return -1;
 	if (tlen == 0)
-		return ex_fail(x, EPERM, "hard link to the directory itself refused");
+		return restore_fail(x, EPERM, "hard link to the directory itself refused");
 	if (tlen == x->plen && memcmp(x->tpath, x->path, tlen) == 0)
 		return 0; /* a link to itself: nothing to do */
 	int rc = link_from(x, x->base, pfd, name);
@@ -722,11 +722,11 @@ static int ex_hardlink(struct ex *x, int pfd, const char *name, const char *raw)
 		 * (the file gains a link until the merge, or the temp directory goes) */
 		rc = link_from(x, x->dirfd, pfd, name);
 	if (rc == 1)
-		return ex_fail(x, ENOENT, "hard link target %.150s was not extracted", x->tpath);
+		return restore_fail(x, ENOENT, "hard link target %.150s was not extracted", x->tpath);
 	return rc;
 }
 
-static int ex_member(struct ex *x, struct archive_entry *e)
+static int ex_member(struct restore *x, struct archive_entry *e)
 {
 	const char *raw = archive_entry_pathname(e);
 	x->member = raw != NULL ? raw : "";
@@ -735,7 +735,7 @@ static int ex_member(struct ex *x, struct archive_entry *e)
 	const char *hard = archive_entry_hardlink(e);
 	mode_t type = archive_entry_filetype(e);
 	if (x->plen == 0 && (hard != NULL || type != AE_IFDIR))
-		return ex_fail(x, EPERM, "a member that would replace the directory itself refused");
+		return restore_fail(x, EPERM, "a member that would replace the directory itself refused");
 	if (type == AE_IFSOCK)
 		return 0;
 	if (hard == NULL && type != AE_IFDIR && type != AE_IFREG && type != AE_IFLNK && type != AE_IFIFO &&
@@ -744,7 +744,7 @@ static int ex_member(struct ex *x, struct archive_entry *e)
 		return 0;
 	}
 	if ((type == AE_IFCHR || type == AE_IFBLK) && hard == NULL && !x->r->allow_devices)
-		return ex_fail(x, EPERM, "device node refused (allow_devices is off)");
+		return restore_fail(x, EPERM, "device node refused (allow_devices is off)");
 	const char *slash = strrchr(x->path, '/');
 	const char *name = slash ? slash + 1 : x->path;
 	size_t dlen = slash ? (size_t)(slash - x->path) : 0;
@@ -771,9 +771,9 @@ static int ex_member(struct ex *x, struct archive_entry *e)
 /* Directories' modes and times, deepest (latest) first: a mode without write
  * permission would stop what is created below it, and creating entries changes a
  * directory's mtime. */
-static int apply_fixups(struct ex *x)
+static int apply_fixups(struct restore *x)
 {
-	ex_stack_close(x, 0);
+	restore_stack_close(x, 0);
 	for (size_t i = x->nfix; i-- > 0;) {
 		struct dirfix *f = &x->fix[i];
 		x->member = f->path;
@@ -793,27 +793,27 @@ static int apply_fixups(struct ex *x)
 				/* replaced by a later member: nothing to fix */
 				if (err == ENOENT || err == ENOTDIR || err == ELOOP)
 					continue;
-				return ex_fail(x, err, "open directory");
+				return restore_fail(x, err, "open directory");
 			}
 			own = true;
 		}
 		int rc = 0;
 		if (fs_fd_chmod(fd, f->mode) < 0)
-			rc = ex_fail(x, errno, "chmod");
+			rc = restore_fail(x, errno, "chmod");
 		else if (fs_fd_utimens(fd, f->ts) < 0)
-			rc = ex_fail(x, errno, "set times");
+			rc = restore_fail(x, errno, "set times");
 		if (own)
 			close(fd);
 		if (rc < 0)
 			return -1;
 	}
-	ex_stack_close(x, 0);
+	restore_stack_close(x, 0);
 	return 0;
 }
 
 /* ---- the job ---- */
 
-static void read_umask(struct ex *x)
+static void read_umask(struct restore *x)
 {
 	FILE *f = fopen("/proc/self/status", "re");
 	if (f == NULL)
@@ -831,54 +831,55 @@ static void read_umask(struct ex *x)
 }
 
 /* The two readers: in (the stream, decompressed) and a (tar, from in's output). */
-static int open_readers(struct ex *x)
+static int open_readers(struct restore *x)
 {
 	struct archive *in = x->in = archive_read_new();
 	if (in == NULL)
-		return ex_fail(x, ENOMEM, "out of memory");
+		return restore_fail(x, ENOMEM, "out of memory");
 	if (archive_read_support_filter_gzip(in) != ARCHIVE_OK || archive_read_support_filter_zstd(in) != ARCHIVE_OK ||
 	    archive_read_support_filter_none(in) != ARCHIVE_OK || archive_read_support_format_raw(in) != ARCHIVE_OK)
-		return ex_fail_archive(x, "set up the reader");
+		return restore_fail_archive(x, "set up the reader");
 	struct archive_entry *e;
 	if (archive_read_open(in, x, NULL, read_cb, NULL) != ARCHIVE_OK ||
 	    archive_read_next_header(in, &e) != ARCHIVE_OK) {
 		if (x->input_err == 0 && x->r->stream_bytes == 0)
-			return ex_fail(x, EBADMSG, "the stream ends at offset 0: an empty stream is not an archive");
-		return ex_fail_archive(x, "open the archive");
+			return restore_fail(x, EBADMSG,
+					    "the stream ends at offset 0: an empty stream is not an archive");
+		return restore_fail_archive(x, "open the archive");
 	}
 	x->compressed = archive_filter_count(in) > 1;
 	struct archive *a = x->a = archive_read_new();
 	if (a == NULL)
-		return ex_fail(x, ENOMEM, "out of memory");
+		return restore_fail(x, ENOMEM, "out of memory");
 	if (archive_read_support_format_tar(a) != ARCHIVE_OK || archive_read_support_filter_none(a) != ARCHIVE_OK)
-		return ex_fail_archive(x, "set up the reader");
+		return restore_fail_archive(x, "set up the reader");
 	if (archive_read_open(a, x, NULL, tar_read_cb, NULL) != ARCHIVE_OK) {
 		if (!x->in_failed && x->input_err == 0 && x->in_eof && x->blk_off == 0)
-			return ex_fail(x, EBADMSG, "the %s stream holds nothing: not an archive",
-				       archive_filter_name(in, 0));
-		return ex_fail_archive(x, "open the archive");
+			return restore_fail(x, EBADMSG, "the %s stream holds nothing: not an archive",
+					    archive_filter_name(in, 0));
+		return restore_fail_archive(x, "open the archive");
 	}
 	return 0;
 }
 
-static int extract(struct ex *x)
+static int extract(struct restore *x)
 {
-	struct rs *r = x->r;
+	struct restore_job *r = x->r;
 	if (open_readers(x) < 0)
 		return -1;
 	struct archive *a = x->a;
 	const char *last = NULL;
 	char lastbuf[256];
 	for (;;) {
-		if (ex_cancelled(x))
-			return ex_fail(x, ECANCELED, "cancelled");
+		if (restore_cancelled(x))
+			return restore_fail(x, ECANCELED, "cancelled");
 		struct archive_entry *e;
 		int rc = archive_read_next_header(a, &e);
 		x->member = last;
 		if (rc == ARCHIVE_EOF)
 			break;
 		if (rc < ARCHIVE_WARN || rc == ARCHIVE_RETRY)
-			return ex_fail_archive(x, last ? "the header after this member" : "the first header");
+			return restore_fail_archive(x, last ? "the header after this member" : "the first header");
 		if (ex_member(x, e) < 0)
 			return -1;
 		snprintf(lastbuf, sizeof(lastbuf), "%s", x->member);
@@ -892,17 +893,17 @@ static int extract(struct ex *x)
 	x->member = NULL;
 	if (r->entries == 0 && !r->allow_empty)
 		/* a zero-filled file is such an archive: making dir empty must be asked for */
-		return ex_fail(x, EBADMSG,
-			       "the archive has no members (at offset 0 the end-of-archive blocks): "
-			       "allow_empty restores it as an empty directory");
-	if (rf_finish(x) < 0)
+		return restore_fail(x, EBADMSG,
+				    "the archive has no members (at offset 0 the end-of-archive blocks): "
+				    "allow_empty restores it as an empty directory");
+	if (restore_files_finish(x) < 0)
 		return -1;
 	if (drain(x) < 0)
 		return -1;
 	if (r->has_sha && strcmp(r->sha_hex, r->want_sha) != 0)
-		return ex_fail(x, EBADMSG, "sha256 mismatch: the stream's is %s", r->sha_hex);
+		return restore_fail(x, EBADMSG, "sha256 mismatch: the stream's is %s", r->sha_hex);
 	if (x->merge_in)
-		return 0; /* the directories' modes and times are set once merged (rs_run) */
+		return 0; /* the directories' modes and times are set once merged (restore_run) */
 	if (apply_fixups(x) < 0)
 		return -1;
 	x->member = NULL;
@@ -910,30 +911,30 @@ static int extract(struct ex *x)
 		/* no "./" member: the new directory looks like the old one, or is new */
 		mode_t mode = x->existed ? (x->old.st_mode & 07777) : (0755 & ~(x->umask_known ? x->umask : 022));
 		if (x->existed && x->root && fchown(x->base, x->old.st_uid, x->old.st_gid) < 0)
-			ex_chown_failed(x, errno);
+			restore_chown_failed(x, errno);
 		if (fchmod(x->base, mode) < 0)
-			return ex_fail(x, errno, "chmod");
+			return restore_fail(x, errno, "chmod");
 	}
 	return 0;
 }
 
 /* Merge mode, all verified: the entries into dir, then the directories' modes and
  * times there (deepest first, as apply_fixups does them). */
-static int merge(struct ex *x)
+static int merge(struct restore *x)
 {
-	if (ex_merge_in(x) < 0)
+	if (restore_swap_merge_in(x) < 0)
 		return -1;
-	ex_stack_close(x, 0);
+	restore_stack_close(x, 0);
 	close(x->base);
 	x->base = fcntl(x->dirfd, F_DUPFD_CLOEXEC, 0);
 	if (x->base < 0)
-		return ex_fail(x, errno, "dup");
+		return restore_fail(x, errno, "dup");
 	return apply_fixups(x);
 }
 
-int rs_run(struct rs *r)
+int restore_run(struct restore_job *r)
 {
-	struct ex *x = calloc(1, sizeof(*x));
+	struct restore *x = calloc(1, sizeof(*x));
 	if (x == NULL)
 		return err_set(&r->j.err, ENOMEM, NULL, "out of memory");
 	x->r = r;
@@ -944,7 +945,7 @@ int rs_run(struct rs *r)
 	x->egid = fs_ctx_gid();
 	x->root = x->euid == 0;
 	read_umask(x);
-	locale_t loc = bk_utf8_locale();
+	locale_t loc = op_backup_utf8_locale();
 	locale_t old = loc != (locale_t)0 ? uselocale(loc) : (locale_t)0;
 	int rc = -1;
 	if (r->has_from) {
@@ -955,24 +956,24 @@ int rs_run(struct rs *r)
 			goto out;
 		}
 		if (x->from_buf == NULL) {
-			ex_fail(x, ENOMEM, "out of memory");
+			restore_fail(x, ENOMEM, "out of memory");
 			goto out;
 		}
 		posix_fadvise(x->from_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	}
-	if (ex_prepare(x) < 0)
+	if (restore_swap_prepare(x) < 0)
 		goto out;
-	if (rf_start(x) < 0)
+	if (restore_files_start(x) < 0)
 		goto out;
 	if (extract(x) < 0)
 		goto out;
-	if (x->merge_in ? merge(x) < 0 : ex_swap_in(x) < 0)
+	if (x->merge_in ? merge(x) < 0 : restore_swap_in(x) < 0)
 		goto out;
 	rc = 0;
 out:
 	/* the file writer first: it may still hold files of the temp directory */
-	rf_free(x);
-	ex_stack_close(x, 0);
+	restore_files_free(x);
+	restore_stack_close(x, 0);
 	if (x->a != NULL)
 		archive_read_free(x->a);
 	if (x->in != NULL)
@@ -982,7 +983,7 @@ out:
 	x->base = -1;
 	/* failed: the temp directory goes; done: the old tree (at the temp name) goes */
 	bool inside = x->tmp_made && x->dirfd >= 0 && x->tmp_parent == x->dirfd;
-	ex_drop_tmp(x);
+	restore_swap_drop_tmp(x);
 	if (rc < 0 && inside && !x->touched) {
 		/* the temp directory was dir's only change: its times as they were */
 		struct timespec ts[2] = {x->old.st_atim, x->old.st_mtim};

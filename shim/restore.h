@@ -1,4 +1,4 @@
-/* restore.h: what the restore job's files (restore.c, restore_swap.c) share. */
+/* restore.h: what the restore job's files (restore.c, restore_files.c, restore_swap.c) share. */
 #ifndef SHIM_RESTORE_H
 #define SHIM_RESTORE_H
 
@@ -15,7 +15,7 @@ struct archive;
 struct archive_entry;
 struct fs_dirbuf;
 struct journal_entry;
-struct rf;
+struct restore_files;
 
 #define EX_STACK \
 	128                   /* open directories kept for the current path; also how deep a
@@ -29,13 +29,13 @@ struct dirfix {
 	struct timespec ts[2];
 };
 
-struct ex_level {
+struct restore_level {
 	int fd;
 	size_t end;
 };
 
-struct ex {
-	struct rs *r;
+struct restore {
+	struct restore_job *r;
 	struct archive *in; /* the stream: gzip, zstd or none, read as format "raw" */
 	struct archive *a;  /* the tar reader, over in's output */
 	int base;           /* the directory extracted into (O_RDONLY) */
@@ -53,7 +53,7 @@ struct ex {
 	size_t before_len;
 	/* the chain of open directories of the last parent: stk[i] is the directory
 	 * made of cur's components up to stk[i].end */
-	struct ex_level stk[EX_STACK];
+	struct restore_level stk[EX_STACK];
 	size_t nstk;
 	char cur[EX_NAME_MAX + 1];
 	char path[EX_NAME_MAX + 1]; /* the member's normalized path */
@@ -82,7 +82,7 @@ struct ex {
 	bool touched; /* the swap or the merge has begun to change dir */
 	struct stat old;
 	struct journal_entry *jent;
-	struct rf *rf; /* the file writer thread (restore_files.c) */
+	struct restore_files *rf; /* the file writer thread (restore_files.c) */
 	/* merge mode into a directory that exists: extracted into the temp directory
 	 * like replace mode, then merged in (restore_swap.c) */
 	bool merge_in;
@@ -92,47 +92,47 @@ struct ex {
 
 /* Fill the job's error (the first one only) naming the member being restored, or
  * dir itself when none is; returns -1. */
-int ex_fail(struct ex *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-bool ex_cancelled(struct ex *x);
+int restore_fail(struct restore *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+bool restore_cancelled(struct restore *x);
 /* A libarchive failure: our input's error if that is what it was, else EBADMSG. */
-int ex_fail_archive(struct ex *x, const char *what);
+int restore_fail_archive(struct restore *x, const char *what);
 /* A member's atime and mtime for utimensat (UTIME_OMIT where the archive has none). */
-void ex_entry_times(struct archive_entry *e, struct timespec ts[2]);
+void restore_entry_times(struct archive_entry *e, struct timespec ts[2]);
 /* The owner to give a member, or false when we leave it (not root, or ours). */
-bool ex_want_owner(const struct ex *x, struct archive_entry *e, uid_t *uid, gid_t *gid);
+bool restore_want_owner(const struct restore *x, struct archive_entry *e, uid_t *uid, gid_t *gid);
 /* An xattr the filesystem or our privileges refuse: skipped with a log line. */
-bool ex_xattr_skippable(int e);
+bool restore_xattr_skippable(int e);
 /* A chown that failed (an id the user namespace does not map): logged, not fatal. */
-void ex_chown_failed(struct ex *x, int e);
+void restore_chown_failed(struct restore *x, int e);
 /* Close the open directories of the stack above level keep. */
-void ex_stack_close(struct ex *x, size_t keep);
+void restore_stack_close(struct restore *x, size_t keep);
 
 /* restore_files.c: the regular files' data and metadata are written by a thread of
- * their own. rf_start starts it (-1 with the job's error); rf_file hands it the file
+ * their own. restore_files_start starts it (-1 with the job's error); restore_files_add hands it the file
  * just created as fd (the member's data is read from the archive here; fd is the
  * thread's from then on, or closed on failure), created: the mode it got at
- * creation; rf_finish waits until all is written (-1 with the job's error, the
- * thread's first failure); rf_free stops it and frees (any time). */
+ * creation; restore_files_finish waits until all is written (-1 with the job's error, the
+ * thread's first failure); restore_files_free stops it and frees (any time). */
 #define RF_MODE_UNKNOWN 0xffffffffu
-int rf_start(struct ex *x);
-int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created);
-int rf_finish(struct ex *x);
-void rf_free(struct ex *x);
+int restore_files_start(struct restore *x);
+int restore_files_add(struct restore *x, struct archive_entry *e, int fd, mode_t created);
+int restore_files_finish(struct restore *x);
+void restore_files_free(struct restore *x);
 
 /* restore_swap.c: set up x->base, the directory to extract into: a journaled temp
  * directory beside dir, or inside it when dir is a mount point (or, merging, when dir
  * is / or its parent is not ours to write). */
-int ex_prepare(struct ex *x);
+int restore_swap_prepare(struct restore *x);
 /* Replace mode (and merge mode into a new directory), all extracted and verified:
  * put the new tree in place. */
-int ex_swap_in(struct ex *x);
+int restore_swap_in(struct restore *x);
 /* Merge mode into an existing dir, all extracted and verified: move the temp
  * directory's entries into dir, entering the directories both have. Checked first
  * without changing anything (a path through a symlink in dir, a non-empty directory
  * in the way); then done. The directories' modes and times are the caller's (after). */
-int ex_merge_in(struct ex *x);
+int restore_swap_merge_in(struct restore *x);
 /* Remove the temp directory, if any, and forget its journal entry: the new tree of
  * a failed restore, or the old one after the swap, or what a merge left of it. */
-void ex_drop_tmp(struct ex *x);
+void restore_swap_drop_tmp(struct restore *x);
 
 #endif

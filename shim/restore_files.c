@@ -32,15 +32,15 @@
  *
  * A failure here (ENOSPC...) is kept with the member's name and stops the
  * extractor at its next record; the job reports it. Records after it are only
- * closed. rf_finish waits until every file is written: the directories' fixups
+ * closed. restore_files_finish waits until every file is written: the directories' fixups
  * and the swap come after.
  */
 
 #define RF_CHUNK (256u << 10) /* data bytes per record at most */
 
-struct rf {
-	struct ex *x; /* read-only here: root, umask_known, r->dir */
-	struct bq q;
+struct restore_files {
+	struct restore *x; /* read-only here: root, umask_known, r->dir */
+	struct backup_queue q;
 	/* the writer's failure (under q.mu once the thread runs) */
 	bool err_set;
 	struct shim_err err;
@@ -49,26 +49,26 @@ struct rf {
 		     * thread may still write to it, so it is closed after the thread is gone */
 };
 
-static void rf_fail(struct rf *f, const struct bq_rec *r, int code, const char *what)
+static void rf_fail(struct restore_files *f, const struct backup_queue_rec *r, int code, const char *what)
 {
 	pthread_mutex_lock(&f->q.mu);
 	if (!f->err_set) {
 		f->err_set = true;
-		err_setn(&f->err, code, bq_name(r), r->name_len, "restore: %s", what);
+		err_setn(&f->err, code, backup_queue_name(r), r->name_len, "restore: %s", what);
 	}
 	pthread_mutex_unlock(&f->q.mu);
-	bq_stop(&f->q);
+	backup_queue_stop(&f->q);
 }
 
-static int write_piece(struct rf *f, const struct bq_rec *r)
+static int write_piece(struct restore_files *f, const struct backup_queue_rec *r)
 {
-	const uint8_t *p = r->ext != NULL ? r->ext : bq_data(r);
+	const uint8_t *p = r->ext != NULL ? r->ext : backup_queue_data(r);
 	size_t left = (size_t)r->data_len;
 	off_t off = r->off;
 	while (left > 0) {
 		ssize_t n = pwrite(r->fd, p, left, off);
 		if (n < 0) {
-			if (errno == EINTR && !bjob_cancelled(&f->x->r->j))
+			if (errno == EINTR && !op_backup_job_cancelled(&f->x->r->j))
 				continue;
 			rf_fail(f, r, errno, "write");
 			return -1;
@@ -82,7 +82,7 @@ static int write_piece(struct rf *f, const struct bq_rec *r)
 
 /* The size (a sparse file's last hole, when the data written ends at end), owner,
  * xattrs, mode and times. */
-static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
+static int finish_file(struct restore_files *f, const struct backup_queue_rec *r, int64_t end)
 {
 	const struct stat *st = &r->st;
 	if (st->st_size > end && ftruncate(r->fd, st->st_size) < 0) {
@@ -93,19 +93,19 @@ static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
 	if (r->flags & BQF_CHOWN) {
 		if (fchown(r->fd, st->st_uid, st->st_gid) < 0)
 			/* an id the user namespace does not map (EINVAL): the file stays ours */
-			log_warn("restore %s: cannot give %s its owner: %s", f->x->r->dir.abs, bq_name(r),
+			log_warn("restore %s: cannot give %s its owner: %s", f->x->r->dir.abs, backup_queue_name(r),
 				 strerror(errno));
 		else
 			chowned = true;
 	}
 	/* after the chown and the data: both drop security.capability */
-	for (const uint8_t *x = bq_xattrs(r), *xend = x + r->xattr_bytes; x < xend;) {
+	for (const uint8_t *x = backup_queue_xattrs(r), *xend = x + r->xattr_bytes; x < xend;) {
 		const char *key;
 		const void *val;
 		size_t vlen;
-		x = bq_xattr_get(x, &key, &val, &vlen);
+		x = backup_queue_xattr_get(x, &key, &val, &vlen);
 		if (fsetxattr(r->fd, key, val, vlen, 0) < 0) {
-			if (!ex_xattr_skippable(errno)) {
+			if (!restore_xattr_skippable(errno)) {
 				char what[300];
 				snprintf(what, sizeof(what), "set xattr %.200s", key);
 				rf_fail(f, r, errno, what);
@@ -113,7 +113,7 @@ static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
 			}
 			if (!f->xattr_warned)
 				log_warn("restore %s: xattr %s of %s not set: %s (further ones not logged)",
-					 f->x->r->dir.abs, key, bq_name(r), strerror(errno));
+					 f->x->r->dir.abs, key, backup_queue_name(r), strerror(errno));
 			f->xattr_warned = true;
 		}
 	}
@@ -132,7 +132,7 @@ static int finish_file(struct rf *f, const struct bq_rec *r, int64_t end)
 
 static void *rf_main(void *arg)
 {
-	struct rf *f = arg;
+	struct restore_files *f = arg;
 	pthread_setname_np(pthread_self(), "restore-files"); /* top -H, perf */
 	/* as the request's identity, like the extractor (which entered it: it takes) */
 	struct shim_err ce;
@@ -144,11 +144,11 @@ static void *rf_main(void *arg)
 			f->err = ce;
 		}
 		pthread_mutex_unlock(&f->q.mu);
-		bq_stop(&f->q);
+		backup_queue_stop(&f->q);
 	}
 	int64_t end = 0; /* of the data written to the file in hand (its records come together) */
-	struct bq_rec *r = NULL;
-	while ((r = bq_next(&f->q, r)) != NULL) {
+	struct backup_queue_rec *r = NULL;
+	while ((r = backup_queue_next(&f->q, r)) != NULL) {
 		/* stopped (the extractor failed, or we did): the rest is only closed */
 		if (__atomic_load_n(&f->q.stop, __ATOMIC_ACQUIRE))
 			failed = true;
@@ -157,7 +157,7 @@ static void *rf_main(void *arg)
 		if (r->data_len > 0 && r->off + (int64_t)r->data_len > end)
 			end = r->off + (int64_t)r->data_len;
 		if (r->ext != NULL)
-			rs_unpin(f->x->r, r->ext_end);
+			op_backup_restore_unpin(f->x->r, r->ext_end);
 		if (r->flags & BQF_LAST) {
 			if (!failed && finish_file(f, r, end) < 0)
 				failed = true;
@@ -166,30 +166,30 @@ static void *rf_main(void *arg)
 			end = 0;
 		}
 	}
-	bq_helper_exit(&f->q);
+	backup_queue_helper_exit(&f->q);
 	return NULL;
 }
 
-int rf_start(struct ex *x)
+int restore_files_start(struct restore *x)
 {
-	struct rf *f = calloc(1, sizeof(*f));
-	if (f == NULL || bq_init(&f->q, &x->r->j) < 0) {
+	struct restore_files *f = calloc(1, sizeof(*f));
+	if (f == NULL || backup_queue_init(&f->q, &x->r->j) < 0) {
 		free(f);
-		return ex_fail(x, ENOMEM, "out of memory");
+		return restore_fail(x, ENOMEM, "out of memory");
 	}
 	f->x = x;
 	f->orphan = -1;
 	x->rf = f;
-	int rc = bq_spawn(&f->q, rf_main, f);
+	int rc = backup_queue_spawn(&f->q, rf_main, f);
 	if (rc != 0)
-		return ex_fail(x, rc, "cannot start the file writer thread");
+		return restore_fail(x, rc, "cannot start the file writer thread");
 	return 0;
 }
 
 /* The extractor's error when the writer stopped it: the writer's own. */
-static int stopped(struct ex *x)
+static int stopped(struct restore *x)
 {
-	struct rf *f = x->rf;
+	struct restore_files *f = x->rf;
 	pthread_mutex_lock(&f->q.mu);
 	bool have = f->err_set;
 	struct shim_err e = f->err;
@@ -199,18 +199,19 @@ static int stopped(struct ex *x)
 		x->r->j.err = e;
 		return -1;
 	}
-	return ex_fail(x, ECANCELED, "cancelled");
+	return restore_fail(x, ECANCELED, "cancelled");
 }
 
 /* A record for the file x->member with payload room for data bytes (data_len is
  * set by the caller). */
-static struct bq_rec *rec(struct ex *x, size_t xattr_bytes, size_t data, bool last)
+static struct backup_queue_rec *rec(struct restore *x, size_t xattr_bytes, size_t data, bool last)
 {
 	size_t nlen = strlen(x->member);
-	struct bq_rec *r = bq_reserve(&x->rf->q, bq_payload_size(nlen, 0, xattr_bytes, 0, data), last);
+	struct backup_queue_rec *r =
+		backup_queue_reserve(&x->rf->q, backup_queue_payload_size(nlen, 0, xattr_bytes, 0, data), last);
 	if (r == NULL) {
 		if (errno == ENOMEM)
-			ex_fail(x, ENOMEM, "out of memory");
+			restore_fail(x, ENOMEM, "out of memory");
 		else
 			stopped(x);
 		return NULL;
@@ -225,7 +226,7 @@ static struct bq_rec *rec(struct ex *x, size_t xattr_bytes, size_t data, bool la
 /* The extractor gives up on fd: closed now if the thread never saw it, else once it
  * is gone (it may be writing to it: closing now could let it write to a file opened
  * meanwhile under the same number). */
-static void drop_fd(struct ex *x, int fd, bool handed)
+static void drop_fd(struct restore *x, int fd, bool handed)
 {
 	if (handed && x->rf->orphan < 0)
 		x->rf->orphan = fd;
@@ -233,13 +234,13 @@ static void drop_fd(struct ex *x, int fd, bool handed)
 		close(fd);
 }
 
-int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
+int restore_files_add(struct restore *x, struct archive_entry *e, int fd, mode_t created)
 {
 	bool handed = false;
 	for (;;) {
-		if (ex_cancelled(x)) {
+		if (restore_cancelled(x)) {
 			drop_fd(x, fd, handed);
-			return ex_fail(x, ECANCELED, "cancelled");
+			return restore_fail(x, ECANCELED, "cancelled");
 		}
 		const void *buf;
 		size_t size;
@@ -249,15 +250,15 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 			break;
 		if (rc < ARCHIVE_WARN) {
 			drop_fd(x, fd, handed);
-			return ex_fail_archive(x, "read member data");
+			return restore_fail_archive(x, "read member data");
 		}
 		/* uncompressed from the client, the data is in the stream's ring: written
 		 * from there (pinned until then); else copied into the queue */
 		const uint8_t *p = buf;
-		uint64_t so = x->r->has_from ? UINT64_MAX : rs_ring_offset(x->r, buf);
+		uint64_t so = x->r->has_from ? UINT64_MAX : op_backup_restore_ring_offset(x->r, buf);
 		while (size > 0) {
 			size_t n = size < RF_CHUNK ? size : RF_CHUNK;
-			struct bq_rec *r = rec(x, 0, so != UINT64_MAX ? 0 : n, false);
+			struct backup_queue_rec *r = rec(x, 0, so != UINT64_MAX ? 0 : n, false);
 			if (r == NULL) {
 				drop_fd(x, fd, handed);
 				return -1;
@@ -268,12 +269,12 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 			if (so != UINT64_MAX) {
 				r->ext = p;
 				r->ext_end = so + n;
-				rs_pin(x->r, so + n);
+				op_backup_restore_pin(x->r, so + n);
 				so += n;
 			} else {
-				memcpy(bq_data(r), p, n);
+				memcpy(backup_queue_data(r), p, n);
 			}
-			bq_commit(&x->rf->q, r);
+			backup_queue_commit(&x->rf->q, r);
 			handed = true;
 			p += n;
 			size -= n;
@@ -287,17 +288,17 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 	size_t vsize;
 	if (archive_entry_xattr_reset(e) > 0) {
 		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK)
-			xb += bq_xattr_size(strlen(key), vsize);
+			xb += backup_queue_xattr_size(strlen(key), vsize);
 	}
-	struct bq_rec *r = rec(x, xb, 0, true);
+	struct backup_queue_rec *r = rec(x, xb, 0, true);
 	if (r == NULL) {
 		drop_fd(x, fd, handed);
 		return -1;
 	}
-	uint8_t *xp = bq_xattrs(r);
+	uint8_t *xp = backup_queue_xattrs(r);
 	if (xb > 0 && archive_entry_xattr_reset(e) > 0) {
 		while (archive_entry_xattr_next(e, &key, &val, &vsize) == ARCHIVE_OK)
-			xp = bq_xattr_put(xp, key, strlen(key), val, vsize);
+			xp = backup_queue_xattr_put(xp, key, strlen(key), val, vsize);
 	}
 	r->fd = fd;
 	r->flags = BQF_FD | BQF_LAST;
@@ -305,45 +306,45 @@ int rf_file(struct ex *x, struct archive_entry *e, int fd, mode_t created)
 	r->st.st_size = archive_entry_size_is_set(e) ? archive_entry_size(e) : -1;
 	uid_t uid;
 	gid_t gid;
-	if (ex_want_owner(x, e, &uid, &gid)) {
+	if (restore_want_owner(x, e, &uid, &gid)) {
 		r->flags |= BQF_CHOWN;
 		r->st.st_uid = uid;
 		r->st.st_gid = gid;
 	}
 	struct timespec ts[2];
-	ex_entry_times(e, ts);
+	restore_entry_times(e, ts);
 	r->st.st_atim = ts[0];
 	r->st.st_mtim = ts[1];
 	r->aux = x->umask_known ? created : RF_MODE_UNKNOWN;
-	bq_commit(&x->rf->q, r);
+	backup_queue_commit(&x->rf->q, r);
 	return 0;
 }
 
-int rf_finish(struct ex *x)
+int restore_files_finish(struct restore *x)
 {
-	struct rf *f = x->rf;
+	struct restore_files *f = x->rf;
 	if (f == NULL)
 		return 0;
-	bq_finish(&f->q, 0, NULL);
-	bq_join(&f->q);
+	backup_queue_finish(&f->q, 0, NULL);
+	backup_queue_join(&f->q);
 	if (f->err_set)
 		return stopped(x);
-	if (ex_cancelled(x))
-		return ex_fail(x, ECANCELED, "cancelled");
+	if (restore_cancelled(x))
+		return restore_fail(x, ECANCELED, "cancelled");
 	return 0;
 }
 
-void rf_free(struct ex *x)
+void restore_files_free(struct restore *x)
 {
-	struct rf *f = x->rf;
+	struct restore_files *f = x->rf;
 	if (f == NULL)
 		return;
-	bq_stop(&f->q);
-	bq_finish(&f->q, -1, NULL);
-	bq_join(&f->q);
+	backup_queue_stop(&f->q);
+	backup_queue_finish(&f->q, -1, NULL);
+	backup_queue_join(&f->q);
 	if (f->orphan >= 0)
 		close(f->orphan);
-	bq_free(&f->q);
+	backup_queue_free(&f->q);
 	free(f);
 	x->rf = NULL;
 }

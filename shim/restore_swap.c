@@ -28,9 +28,9 @@ static int real_path_of(int dfd, const char *name, char *buf, size_t size)
 
 /* Set up the directory to extract into: a temp directory, beside dir (or inside
  * it), in the journal before it exists. */
-int ex_prepare(struct ex *x)
+int restore_swap_prepare(struct restore *x)
 {
-	struct rs *r = x->r;
+	struct restore_job *r = x->r;
 	struct shim_err *err = &r->j.err;
 	x->member = NULL;
 	x->pdfd = fs_open_parent(&r->dir, x->name, err);
@@ -136,12 +136,12 @@ fail:
 }
 
 /* Remove the temp directory (a failed restore, or the old tree after the swap). */
-void ex_drop_tmp(struct ex *x)
+void restore_swap_drop_tmp(struct restore *x)
 {
 	if (!x->tmp_made)
 		return;
 	struct shim_err e;
-	if (fs_remove_tree(x->tmp_parent, x->tmp, false, x->r->dir.abs, &e) < 0) {
+	if (op_fs_remove_tree(x->tmp_parent, x->tmp, false, x->r->dir.abs, &e) < 0) {
 		/* left in the journal: the next start (or our exit) removes it */
 		log_warn("restore %s: cannot remove %s: %s: %s", x->r->dir.abs, x->tmp, e.msg, strerror(e.code));
 		x->tmp_made = false;
@@ -153,17 +153,17 @@ void ex_drop_tmp(struct ex *x)
 }
 
 /* Every entry of dfd but skip, one at a time, to fn; until none is left. */
-static int each_entry(struct ex *x, int dfd, const char *skip, int (*fn)(struct ex *, int, const char *))
+static int each_entry(struct restore *x, int dfd, const char *skip, int (*fn)(struct restore *, int, const char *))
 {
 	struct fs_dirbuf *b = malloc(sizeof(*b));
 	if (b == NULL)
-		return ex_fail(x, ENOMEM, "out of memory");
+		return restore_fail(x, ENOMEM, "out of memory");
 	b->fd = -1;
 	int rc = 0;
 	for (int pass = 0; rc == 0 && pass < 1000; pass++) {
 		struct fs_dirpos d = {.fd = dfd, .next = 0};
 		if (fs_dir_rewind(b, &d) < 0) {
-			rc = ex_fail(x, errno, "lseek");
+			rc = restore_fail(x, errno, "lseek");
 			break;
 		}
 		bool any = false;
@@ -179,7 +179,7 @@ static int each_entry(struct ex *x, int dfd, const char *skip, int (*fn)(struct 
 			any = true;
 		}
 		if (rc == 0 && got < 0)
-			rc = ex_fail(x, errno, "read directory");
+			rc = restore_fail(x, errno, "read directory");
 		if (!any)
 			break;
 	}
@@ -188,36 +188,36 @@ static int each_entry(struct ex *x, int dfd, const char *skip, int (*fn)(struct 
 	return rc;
 }
 
-static int remove_old(struct ex *x, int dfd, const char *name)
+static int remove_old(struct restore *x, int dfd, const char *name)
 {
 	struct stat st;
 	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return errno == ENOENT ? 0 : ex_fail(x, errno, "lstat %s", name);
+		return errno == ENOENT ? 0 : restore_fail(x, errno, "lstat %s", name);
 	if (S_ISDIR(st.st_mode)) {
 		struct shim_err e;
-		if (fs_remove_tree(dfd, name, false, x->r->dir.abs, &e) < 0)
-			return ex_fail(x, e.code, "remove the old %s: %s", name, e.msg);
+		if (op_fs_remove_tree(dfd, name, false, x->r->dir.abs, &e) < 0)
+			return restore_fail(x, e.code, "remove the old %s: %s", name, e.msg);
 		return 0;
 	}
 	if (unlinkat(dfd, name, 0) < 0 && errno != ENOENT)
-		return ex_fail(x, errno, "remove the old %s", name);
+		return restore_fail(x, errno, "remove the old %s", name);
 	return 0;
 }
 
-static int move_new(struct ex *x, int dfd, const char *name)
+static int move_new(struct restore *x, int dfd, const char *name)
 {
 	if (renameat(dfd, name, x->dirfd, name) < 0)
-		return ex_fail(x, errno, "move %s into place", name);
+		return restore_fail(x, errno, "move %s into place", name);
 	return 0;
 }
 
 /* Give the directory to the owner and xattrs of from (the owner as root only). */
-static void copy_owner_xattrs(struct ex *x, int from, int to)
+static void copy_owner_xattrs(struct restore *x, int from, int to)
 {
 	struct stat st, tst;
 	if (x->root && fstat(from, &st) == 0 && fstat(to, &tst) == 0 &&
 	    (st.st_uid != tst.st_uid || st.st_gid != tst.st_gid) && fchown(to, st.st_uid, st.st_gid) < 0)
-		ex_chown_failed(x, errno);
+		restore_chown_failed(x, errno);
 	if (flistxattr(from, NULL, 0) <= 0)
 		return;
 	char *list = malloc(XATTR_LIST_MAX), *val = malloc(XATTR_SIZE_MAX);
@@ -226,7 +226,7 @@ static void copy_owner_xattrs(struct ex *x, int from, int to)
 		const char *key = list + off;
 		off += (ssize_t)strlen(key) + 1;
 		ssize_t v = fgetxattr(from, key, val, XATTR_SIZE_MAX);
-		if (v >= 0 && fsetxattr(to, key, val, (size_t)v, 0) < 0 && !ex_xattr_skippable(errno))
+		if (v >= 0 && fsetxattr(to, key, val, (size_t)v, 0) < 0 && !restore_xattr_skippable(errno))
 			log_warn("restore %s: xattr %s: %s", x->r->dir.abs, key, strerror(errno));
 	}
 	free(list);
@@ -235,7 +235,7 @@ static void copy_owner_xattrs(struct ex *x, int from, int to)
 
 /* The swap when dir cannot be renamed: empty it, move the new entries in, give it
  * the new root's owner, mode, xattrs and times, remove the temp directory. */
-static int swap_contents(struct ex *x)
+static int swap_contents(struct restore *x)
 {
 	log_info("restore %s: swapping the contents (the directory cannot be renamed)", x->r->dir.abs);
 	x->touched = true;
@@ -245,24 +245,24 @@ static int swap_contents(struct ex *x)
 		return -1;
 	struct stat st;
 	if (fstat(x->base, &st) < 0)
-		return ex_fail(x, errno, "stat");
+		return restore_fail(x, errno, "stat");
 	copy_owner_xattrs(x, x->base, x->dirfd);
 	if (fchmod(x->dirfd, st.st_mode & 07777) < 0)
-		return ex_fail(x, errno, "chmod");
+		return restore_fail(x, errno, "chmod");
 	struct timespec ts[2] = {st.st_atim, st.st_mtim};
 	if (futimens(x->dirfd, ts) < 0)
-		return ex_fail(x, errno, "set times");
+		return restore_fail(x, errno, "set times");
 	return 0;
 }
 
-int ex_swap_in(struct ex *x)
+int restore_swap_in(struct restore *x)
 {
 	x->member = NULL;
 	if (!x->inplace && x->existed) {
 		if (renameat2(x->pdfd, x->tmp, x->pdfd, x->name, RENAME_EXCHANGE) == 0)
 			return 0; /* the old tree is now at the temp name */
 		if (errno != EXDEV && errno != EINVAL && errno != EBUSY && errno != ENOSYS && errno != ENOENT)
-			return ex_fail(x, errno, "swap the directories");
+			return restore_fail(x, errno, "swap the directories");
 		if (errno != ENOENT)
 			return swap_contents(x);
 		x->existed = false; /* gone meanwhile: a plain rename */
@@ -272,7 +272,7 @@ int ex_swap_in(struct ex *x)
 		if (rc < 0 && (errno == EINVAL || errno == ENOSYS))
 			rc = renameat(x->pdfd, x->tmp, x->pdfd, x->name);
 		if (rc < 0)
-			return ex_fail(x, errno, "rename into place");
+			return restore_fail(x, errno, "rename into place");
 		x->tmp_made = false; /* nothing is left at the temp name */
 		journal_remove(x->jent);
 		x->jent = NULL;
@@ -310,18 +310,18 @@ static int path_cmp(const void *a, const void *b)
 }
 
 /* The archive has a directory member at x->path (not only names below it). */
-static bool explicit_dir(const struct ex *x)
+static bool explicit_dir(const struct restore *x)
 {
 	const char *key = x->path;
 	return x->fixidx != NULL && bsearch(&key, x->fixidx, x->nfix, sizeof(*x->fixidx), path_cmp) != NULL;
 }
 
 /* x->path: the level's path (len) and name. */
-static int path_set(struct ex *x, size_t len, const char *name)
+static int path_set(struct restore *x, size_t len, const char *name)
 {
 	size_t n = strlen(name), o = len + (len > 0);
 	if (o + n > EX_NAME_MAX)
-		return ex_fail(x, ENAMETOOLONG, "path too long");
+		return restore_fail(x, ENAMETOOLONG, "path too long");
 	if (len > 0)
 		x->path[len] = '/';
 	memcpy(x->path + o, name, n + 1);
@@ -330,7 +330,7 @@ static int path_set(struct ex *x, size_t len, const char *name)
 	return 0;
 }
 
-static void path_cut(struct ex *x, size_t len)
+static void path_cut(struct restore *x, size_t len)
 {
 	x->path[len] = '\0';
 	x->plen = len;
@@ -338,11 +338,11 @@ static void path_cut(struct ex *x, size_t len)
 }
 
 /* EEXIST unless tfd/name is an empty directory. */
-static int empty_dir(struct ex *x, int tfd, const char *name)
+static int empty_dir(struct restore *x, int tfd, const char *name)
 {
 	int fd = openat(tfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return ex_fail(x, errno, "open directory");
+		return restore_fail(x, errno, "open directory");
 	struct fs_dirpos d = {.fd = fd, .next = 0};
 	const char *n;
 	unsigned char type;
@@ -351,67 +351,68 @@ static int empty_dir(struct ex *x, int tfd, const char *name)
 	fs_dir_forget(x->mbuf, fd);
 	close(fd);
 	if (got < 0)
-		return ex_fail(x, e, "read directory");
+		return restore_fail(x, e, "read directory");
 	if (got > 0)
-		return ex_fail(x, EEXIST, "a non-empty directory is in the way");
+		return restore_fail(x, EEXIST, "a non-empty directory is in the way");
 	return 0;
 }
 
 /* Move l's entry name (in x->path) into dir; s is its lstat. */
-static int move_in(struct ex *x, struct mlevel *l, const char *name, const struct stat *s)
+static int move_in(struct restore *x, struct mlevel *l, const char *name, const struct stat *s)
 {
 	if (renameat(l->d.fd, name, l->tfd, name) == 0) {
 		l->moved = true;
 		return 0;
 	}
 	if (errno != EXDEV)
-		return ex_fail(x, errno, "move into place");
+		return restore_fail(x, errno, "move into place");
 	/* a filesystem mounted in dir: a copy (built beside, renamed in), then ours goes */
 	struct shim_err e;
 	struct fs_copy_stats stats = {0, 0};
-	if (fs_copy_entry(l->d.fd, name, -1, s, l->tfd, name, 0, &stats, x->path, x->path, &e) < 0)
-		return ex_fail(x, e.code, "copy onto another filesystem: %s", e.msg);
-	int rc = S_ISDIR(s->st_mode) ? fs_remove_tree(l->d.fd, name, false, x->r->dir.abs, &e) :
+	if (op_fs_copy_entry(l->d.fd, name, -1, s, l->tfd, name, 0, &stats, x->path, x->path, &e) < 0)
+		return restore_fail(x, e.code, "copy onto another filesystem: %s", e.msg);
+	int rc = S_ISDIR(s->st_mode) ? op_fs_remove_tree(l->d.fd, name, false, x->r->dir.abs, &e) :
 				       unlinkat(l->d.fd, name, 0);
 	if (rc < 0)
-		return ex_fail(x, S_ISDIR(s->st_mode) ? e.code : errno, "remove the copied temp entry");
+		return restore_fail(x, S_ISDIR(s->st_mode) ? e.code : errno, "remove the copied temp entry");
 	l->moved = true;
 	return 0;
 }
 
 /* One entry of level l (its name last in x->path): checked (dry), or merged. 1 when
  * it is a directory both have: *child is its level, to walk. */
-static int merge_entry(struct ex *x, struct mlevel *l, const char *name, bool dry, size_t depth, struct mlevel *child)
+static int merge_entry(struct restore *x, struct mlevel *l, const char *name, bool dry, size_t depth,
+		       struct mlevel *child)
 {
 	struct stat s, t;
 	if (fstatat(l->d.fd, name, &s, AT_SYMLINK_NOFOLLOW) < 0)
-		return ex_fail(x, errno, "lstat");
+		return restore_fail(x, errno, "lstat");
 	bool has_t = fstatat(l->tfd, name, &t, AT_SYMLINK_NOFOLLOW) == 0;
 	if (!has_t && errno != ENOENT)
-		return ex_fail(x, errno, "lstat");
+		return restore_fail(x, errno, "lstat");
 	if (has_t && depth == 1 && x->tmp_parent == x->dirfd && strcmp(name, x->tmp) == 0)
-		return ex_fail(x, EEXIST, "a member has the temp directory's name");
+		return restore_fail(x, EEXIST, "a member has the temp directory's name");
 	bool sdir = S_ISDIR(s.st_mode), tdir = has_t && S_ISDIR(t.st_mode);
 	if (sdir && tdir) {
 		if (depth >= EX_STACK)
-			return ex_fail(x, ENAMETOOLONG, "directories nested over %d deep both in dir and the archive",
-				       EX_STACK);
+			return restore_fail(x, ENAMETOOLONG,
+					    "directories nested over %d deep both in dir and the archive", EX_STACK);
 		int cs = openat(l->d.fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (cs < 0)
-			return ex_fail(x, errno, "open the temp directory");
+			return restore_fail(x, errno, "open the temp directory");
 		int ct = openat(l->tfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (ct < 0) {
 			int e = errno;
 			close(cs);
-			return ex_fail(x, e, "open directory");
+			return restore_fail(x, e, "open directory");
 		}
 		*child = (struct mlevel){.d = {.fd = cs, .next = 0}, .tfd = ct, .plen = x->plen};
 		return 1;
 	}
 	if (sdir && has_t && !explicit_dir(x)) {
 		if (S_ISLNK(t.st_mode))
-			return ex_fail(x, EPERM, "the path goes through the symlink %s: refused", name);
-		return ex_fail(x, ENOTDIR, "%s on the path is not a directory", name);
+			return restore_fail(x, EPERM, "the path goes through the symlink %s: refused", name);
+		return restore_fail(x, ENOTDIR, "%s on the path is not a directory", name);
 	}
 	if (tdir && dry)
 		return empty_dir(x, l->tfd, name);
@@ -420,22 +421,22 @@ static int merge_entry(struct ex *x, struct mlevel *l, const char *name, bool dr
 	x->touched = true;
 	if (tdir && unlinkat(l->tfd, name, AT_REMOVEDIR) < 0) {
 		if (errno == ENOTEMPTY || errno == EEXIST)
-			return ex_fail(x, EEXIST, "a non-empty directory is in the way");
-		return ex_fail(x, errno, "remove what is in the way");
+			return restore_fail(x, EEXIST, "a non-empty directory is in the way");
+		return restore_fail(x, errno, "remove what is in the way");
 	}
 	/* rename(2) puts a directory over a directory only */
 	if (sdir && has_t && unlinkat(l->tfd, name, 0) < 0 && errno != ENOENT)
-		return ex_fail(x, errno, "remove what is in the way");
+		return restore_fail(x, errno, "remove what is in the way");
 	return move_in(x, l, name, &s);
 }
 
-static int merge_walk(struct ex *x, bool dry)
+static int merge_walk(struct restore *x, bool dry)
 {
 	struct mlevel lv[EX_STACK + 1];
 	size_t n = 0;
 	int rootfd = openat(x->base, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
-		return ex_fail(x, errno, "open the temp directory");
+		return restore_fail(x, errno, "open the temp directory");
 	lv[n++] = (struct mlevel){.d = {.fd = rootfd, .next = 0}, .tfd = x->dirfd, .plen = 0};
 	path_cut(x, 0);
 	int rc = 0;
@@ -445,7 +446,7 @@ static int merge_walk(struct ex *x, bool dry)
 		unsigned char type;
 		int got = fs_dir_next(x->mbuf, &l->d, &name, &type);
 		if (got < 0) {
-			rc = ex_fail(x, errno, "read the temp directory");
+			rc = restore_fail(x, errno, "read the temp directory");
 			break;
 		}
 		if (got > 0) {
@@ -472,7 +473,7 @@ static int merge_walk(struct ex *x, bool dry)
 			l->moved = false;
 			l->passes++;
 			if (fs_dir_rewind(x->mbuf, &l->d) < 0) {
-				rc = ex_fail(x, errno, "lseek");
+				rc = restore_fail(x, errno, "lseek");
 				break;
 			}
 			continue;
@@ -491,7 +492,7 @@ static int merge_walk(struct ex *x, bool dry)
 		struct mlevel *up = &lv[n - 1];
 		if (!dry) {
 			if (unlinkat(up->d.fd, x->path + up->plen + (up->plen > 0), AT_REMOVEDIR) < 0) {
-				rc = ex_fail(x, errno, "remove the merged temp directory");
+				rc = restore_fail(x, errno, "remove the merged temp directory");
 				break;
 			}
 			up->moved = true;
@@ -507,16 +508,16 @@ static int merge_walk(struct ex *x, bool dry)
 	return rc;
 }
 
-int ex_merge_in(struct ex *x)
+int restore_swap_merge_in(struct restore *x)
 {
 	x->mbuf = malloc(sizeof(*x->mbuf));
 	if (x->mbuf == NULL)
-		return ex_fail(x, ENOMEM, "out of memory");
+		return restore_fail(x, ENOMEM, "out of memory");
 	x->mbuf->fd = -1;
 	if (x->nfix > 0) {
 		x->fixidx = malloc(x->nfix * sizeof(*x->fixidx));
 		if (x->fixidx == NULL)
-			return ex_fail(x, ENOMEM, "out of memory");
+			return restore_fail(x, ENOMEM, "out of memory");
 		for (size_t i = 0; i < x->nfix; i++)
 			x->fixidx[i] = x->fix[i].path;
 		qsort(x->fixidx, x->nfix, sizeof(*x->fixidx), path_cmp);

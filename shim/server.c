@@ -35,7 +35,7 @@ void server_config_defaults(struct server_config *cfg)
 	cfg->workers = 1;
 	cfg->max_workers = 64;
 	cfg->max_buffer = BUDGET_DEFAULT;
-	cfg->max_jobs = 16; /* BJOB_DEFAULT_MAX */
+	cfg->max_jobs = 16; /* BACKUP_JOB_DEFAULT_MAX */
 	cfg->max_watches = 8192;
 	cfg->max_watches_total = 65536;
 	cfg->keepalive = 60;
@@ -168,7 +168,7 @@ static void shutdown_children(struct server *s)
 	/* ---- mounts: flushed and unmounted first (rclone would get the TERM too; a
 	 * workload may use them to its end); the children's TERM follows when they are
 	 * done (bounded by the shutdown timeout) ---- */
-	if (!mount_shutdown_begin(s, init_shutdown_begin))
+	if (!op_mount_shutdown_begin(s, init_shutdown_begin))
 		init_shutdown_begin(s);
 }
 

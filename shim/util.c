@@ -1,4 +1,4 @@
-/* util.c: small helpers shared across the daemon (see util.h). */
+/* util.c: the helpers of util.h that are not inline (uuid4). */
 #include "util.h"
 
 #include <stdio.h>

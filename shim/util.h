@@ -1,4 +1,4 @@
-/* util.h: small helpers shared by the daemon's files: container_of, cleanup attributes, clocks. */
+/* util.h: small helpers shared by the daemon's files: container_of, cleanup attributes, clocks, uuid4. */
 #ifndef SHIM_UTIL_H
 #define SHIM_UTIL_H
 

@@ -88,14 +88,13 @@ if ! bash "$ROOT/tests/deps.sh"; then
 	echo "cannot go on without the dependencies" >&2
 	exit 1
 fi
-# ---- mounts (issue 6): s3rver from npm for the mount tests (skipped when already installed) ----
+# s3rver from npm for the mount tests (skipped when already installed)
 # shellcheck source=tests/lib/s3rver.sh
 source "$ROOT/tests/lib/s3rver.sh"
 if ! s3rver_install; then
 	echo "s3rver could not be installed: the mount tests (it_mount, cli_mount) will fail" >&2
 fi
-# ---- end mounts ----
-# ---- images (issue 8): podman & co. for tests/e2e/image.sh; without them it skips ----
+# podman & co. for tests/e2e/image.sh (without them it skips); the image prepared in the background
 if [ "${SBX_SKIP_E2E:-0}" = 1 ]; then
 	echo "e2e: skipped (SBX_SKIP_E2E=1)"
 elif ! bash "$ROOT/tests/deps.sh" --containers; then
@@ -108,7 +107,6 @@ else
 	bash "$ROOT/tests/e2e/image.sh" --prepare >"$e2e_prepare_log" 2>&1 </dev/null &
 	e2e_prepare_pid=$!
 fi
-# ---- end images ----
 
 # ---- 2. formatting ----
 section "format (clang-format --dry-run --Werror)"
@@ -181,7 +179,7 @@ else
 	fail "static"
 fi
 
-# ---- 6. fuzzing (issue 16) ----
+# ---- 6. fuzzing ----
 # ctest replays each fuzz target's corpus in the builds above (fuzz_replay, fuzz_rx_replay,
 # fuzz_restore_replay); here the libFuzzer build (clang, ASan+UBSan) mutates from those seeds
 # for a while. Each target works on a copy of its corpus in a fresh directory (on tmpfs when
@@ -257,7 +255,7 @@ else
 fi
 
 # ---- summary ----
-# ---- images (issue 8) ----
+# the background image preparation (section 1) must have ended
 if [ -n "${e2e_prepare_pid:-}" ]; then
 	if wait "$e2e_prepare_pid"; then
 		rm -f "$e2e_prepare_log"
@@ -265,7 +263,6 @@ if [ -n "${e2e_prepare_pid:-}" ]; then
 		echo "e2e: the background preparation failed (see $e2e_prepare_log)"
 	fi
 fi
-# ---- end images ----
 section "summary"
 if [ "${#failed[@]}" -ne 0 ]; then
 	echo "FAILED sections: ${failed[*]}"

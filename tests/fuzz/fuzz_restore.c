@@ -1,5 +1,5 @@
 /* fuzz_restore.c: libFuzzer harness for restore's archive parsing (shim/restore*.c): the input is the archive
- * rs_run() reads (as `sbx restore --from`), extracted beneath a fresh mktemp -d directory; built without
+ * restore_run() reads (as `sbx restore --from`), extracted beneath a fresh mktemp -d directory; built without
  * libFuzzer, fuzz_util.c's main() replays a corpus. */
 #include "backup.h"
 #include "fs.h"
@@ -153,7 +153,7 @@ static void hex_sha256(const uint8_t *data, size_t size, char out[65])
 	struct sha256_ctx ctx;
 	sha256_init(&ctx);
 	sha256_update(&ctx, size, data);
-	bk_sha_hex(&ctx, out);
+	op_backup_sha_hex(&ctx, out);
 }
 
 static void remove_scratch(void)
@@ -220,7 +220,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct stat before[NSIG_PATHS];
 	sign(before);
 
-	struct rs *r = calloc(1, sizeof(*r));
+	struct restore_job *r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		fuzz_die("out of memory");
 	snprintf(r->dir.abs, sizeof(r->dir.abs), "/t");
@@ -242,7 +242,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	pthread_cond_init(&r->j.cv, NULL);
 	sha256_init(&r->sha);
 
-	int rc = rs_run(r);
+	int rc = restore_run(r);
 	if (sc.verbose && rc == 0)
 		fprintf(stderr, "  restored: %llu entries\n", (unsigned long long)r->entries);
 	else if (sc.verbose)

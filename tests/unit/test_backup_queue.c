@@ -44,12 +44,12 @@ static uint8_t byte_at(unsigned i, size_t k)
 }
 
 struct producer {
-	struct bq *q;
+	struct backup_queue *q;
 	unsigned n;        /* records to push */
 	bool with_fds;     /* every 3rd record carries a pipe fd */
 	int fail_at;       /* push this many, then finish with an error (-1: never) */
 	unsigned pushed;   /* records committed */
-	int reserve_errno; /* why bq_reserve gave NULL, if it did */
+	int reserve_errno; /* why backup_queue_reserve gave NULL, if it did */
 	int *fds;          /* the fds handed over, by record */
 };
 
@@ -60,7 +60,7 @@ static void *produce(void *arg)
 		if (p->fail_at >= 0 && i == (unsigned)p->fail_at) {
 			struct shim_err e;
 			err_set(&e, EACCES, "/x/unreadable", "backup: open");
-			bq_finish(p->q, -1, &e);
+			backup_queue_finish(p->q, -1, &e);
 			return NULL;
 		}
 		char name[64], link[64];
@@ -70,10 +70,11 @@ static void *produce(void *arg)
 		size_t nreg = i % 7 == 0 ? 2 : 0;
 		size_t dlen = data_size(i);
 		bool fd = p->with_fds && i % 3 == 0;
-		struct bq_rec *r = bq_reserve(p->q, bq_payload_size((size_t)nl, (size_t)ll, xlen, nreg, dlen), fd);
+		struct backup_queue_rec *r = backup_queue_reserve(
+			p->q, backup_queue_payload_size((size_t)nl, (size_t)ll, xlen, nreg, dlen), fd);
 		if (r == NULL) {
 			p->reserve_errno = errno;
-			bq_finish(p->q, 0, NULL);
+			backup_queue_finish(p->q, 0, NULL);
 			return NULL;
 		}
 		r->name_len = (uint32_t)nl;
@@ -86,15 +87,15 @@ static void *produce(void *arg)
 		memcpy(r->payload + nl + 1, link, (size_t)ll + 1);
 		if (xlen > 0) {
 			uint32_t k = 7, v = 3;
-			uint8_t *x = bq_xattrs(r);
+			uint8_t *x = backup_queue_xattrs(r);
 			memcpy(x, &k, 4);
 			memcpy(x + 4, &v, 4);
 			memcpy(x + 8, "user.ab", 8);
 			memcpy(x + 16, "v\0w", 3);
 		}
 		for (size_t g = 0; g < nreg; g++)
-			bq_regions(r)[g] = (struct bq_region){(int64_t)(i + g), (int64_t)(g * 10)};
-		uint8_t *d = bq_data(r);
+			backup_queue_regions(r)[g] = (struct backup_queue_region){(int64_t)(i + g), (int64_t)(g * 10)};
+		uint8_t *d = backup_queue_data(r);
 		for (size_t k = 0; k < dlen; k++)
 			d[k] = byte_at(i, k);
 		if (fd) {
@@ -105,35 +106,35 @@ static void *produce(void *arg)
 			r->fd = pf[0];
 			p->fds[i] = pf[0];
 		}
-		bq_commit(p->q, r);
+		backup_queue_commit(p->q, r);
 		p->pushed++;
 	}
-	bq_finish(p->q, 0, NULL);
+	backup_queue_finish(p->q, 0, NULL);
 	return NULL;
 }
 
-static void check_rec(const struct bq_rec *r, unsigned i, bool with_fds)
+static void check_rec(const struct backup_queue_rec *r, unsigned i, bool with_fds)
 {
 	char name[64], link[64];
 	snprintf(name, sizeof(name), "./dir/entry-%u", i);
 	snprintf(link, sizeof(link), "target-%u", i * 3);
 	ck_assert_int_eq((int)r->st.st_size, (int)i);
-	ck_assert_str_eq(bq_name(r), name);
-	ck_assert_str_eq(bq_link(r), link);
+	ck_assert_str_eq(backup_queue_name(r), name);
+	ck_assert_str_eq(backup_queue_link(r), link);
 	ck_assert_uint_eq(r->xattr_bytes, i % 5 == 0 ? 19u : 0u);
 	if (r->xattr_bytes > 0) {
-		const uint8_t *x = bq_xattrs(r);
+		const uint8_t *x = backup_queue_xattrs(r);
 		ck_assert_str_eq((const char *)x + 8, "user.ab");
 		ck_assert(memcmp(x + 16, "v\0w", 3) == 0);
 	}
 	ck_assert_uint_eq(r->nreg, i % 7 == 0 ? 2u : 0u);
 	for (size_t g = 0; g < r->nreg; g++) {
-		ck_assert_int_eq(bq_regions(r)[g].off, (int64_t)(i + g));
-		ck_assert_int_eq(bq_regions(r)[g].len, (int64_t)(g * 10));
+		ck_assert_int_eq(backup_queue_regions(r)[g].off, (int64_t)(i + g));
+		ck_assert_int_eq(backup_queue_regions(r)[g].len, (int64_t)(g * 10));
 	}
 	ck_assert_uint_eq(r->data_len, data_size(i));
-	ck_assert(((uintptr_t)bq_regions(r) & 7) == 0);
-	const uint8_t *d = bq_data(r);
+	ck_assert(((uintptr_t)backup_queue_regions(r) & 7) == 0);
+	const uint8_t *d = backup_queue_data(r);
 	for (size_t k = 0; k < r->data_len; k++)
 		if (d[k] != byte_at(i, k))
 			ck_abort_msg("record %u: byte %zu differs", i, k);
@@ -149,10 +150,10 @@ static bool fd_open(int fd)
  * payloads that do not fit it; never more than max_fds open fds in the queue. */
 START_TEST(order_and_content)
 {
-	struct bk b;
+	struct backup b;
 	memset(&b, 0, sizeof(b));
-	struct bq q;
-	ck_assert_int_eq(bq_init(&q, &b.j), 0);
+	struct backup_queue q;
+	ck_assert_int_eq(backup_queue_init(&q, &b.j), 0);
 	enum { N = 3000 };
 	int *fds = calloc(N, sizeof(int));
 	ck_assert_ptr_nonnull(fds);
@@ -160,8 +161,8 @@ START_TEST(order_and_content)
 	pthread_t t;
 	ck_assert_int_eq(pthread_create(&t, NULL, produce, &p), 0);
 	unsigned got = 0, max_fds = 0;
-	struct bq_rec *r;
-	while ((r = bq_next(&q, NULL)) != NULL) {
+	struct backup_queue_rec *r;
+	while ((r = backup_queue_next(&q, NULL)) != NULL) {
 		check_rec(r, got, true);
 		pthread_mutex_lock(&q.mu);
 		if (q.fds > max_fds)
@@ -175,7 +176,7 @@ START_TEST(order_and_content)
 		/* a slow writer now and then: the walker fills the ring and waits */
 		if (got % 500 == 0)
 			usleep(20000);
-		bq_release(&q, r);
+		backup_queue_release(&q, r);
 		got++;
 	}
 	pthread_join(t, NULL);
@@ -183,19 +184,19 @@ START_TEST(order_and_content)
 	ck_assert_int_eq(q.rc, 0);
 	ck_assert(max_fds <= q.max_fds && q.max_fds >= 16 && q.max_fds <= BQ_FDS_MAX);
 	ck_assert_uint_eq(q.used, 0);
-	bq_free(&q);
+	backup_queue_free(&q);
 	free(fds);
 }
 END_TEST
 
 /* The writer stops: the walker's next reserve fails with ECANCELED, and the fds of
- * the records nobody took are closed by bq_free. */
+ * the records nobody took are closed by backup_queue_free. */
 START_TEST(stop_closes_fds)
 {
-	struct bk b;
+	struct backup b;
 	memset(&b, 0, sizeof(b));
-	struct bq q;
-	ck_assert_int_eq(bq_init(&q, &b.j), 0);
+	struct backup_queue q;
+	ck_assert_int_eq(backup_queue_init(&q, &b.j), 0);
 	enum { N = 100000 };
 	int *fds = calloc(N, sizeof(int));
 	ck_assert_ptr_nonnull(fds);
@@ -203,17 +204,17 @@ START_TEST(stop_closes_fds)
 	pthread_t t;
 	ck_assert_int_eq(pthread_create(&t, NULL, produce, &p), 0);
 	for (unsigned i = 0; i < 10; i++) {
-		struct bq_rec *r = bq_next(&q, NULL);
+		struct backup_queue_rec *r = backup_queue_next(&q, NULL);
 		ck_assert_ptr_nonnull(r);
 		check_rec(r, i, true);
 		if (r->fd >= 0) {
 			close(r->fd);
 			r->fd = -1;
 		}
-		bq_release(&q, r);
+		backup_queue_release(&q, r);
 	}
 	usleep(50000); /* the walker fills the ring (or the fd budget) and waits */
-	bq_stop(&q);
+	backup_queue_stop(&q);
 	pthread_join(t, NULL);
 	ck_assert_int_eq(p.reserve_errno, ECANCELED);
 	ck_assert(p.pushed < N);
@@ -221,7 +222,7 @@ START_TEST(stop_closes_fds)
 	for (unsigned i = 10; i < p.pushed; i++)
 		open_fds += fds[i] > 0 && fd_open(fds[i]);
 	ck_assert(open_fds > 0 && open_fds <= q.max_fds);
-	bq_free(&q);
+	backup_queue_free(&q);
 	for (unsigned i = 10; i < p.pushed; i++)
 		ck_assert(fds[i] <= 0 || !fd_open(fds[i]));
 	free(fds);
@@ -232,10 +233,10 @@ END_TEST
  * for room gets ECANCELED; both within the poll interval. */
 START_TEST(cancel_wakes_both)
 {
-	struct bk b;
+	struct backup b;
 	memset(&b, 0, sizeof(b));
-	struct bq q;
-	ck_assert_int_eq(bq_init(&q, &b.j), 0);
+	struct backup_queue q;
+	ck_assert_int_eq(backup_queue_init(&q, &b.j), 0);
 	struct producer p = {.q = &q, .n = 100000, .fail_at = -1};
 	pthread_t t;
 	ck_assert_int_eq(pthread_create(&t, NULL, produce, &p), 0);
@@ -243,40 +244,40 @@ START_TEST(cancel_wakes_both)
 	__atomic_store_n(&b.j.cancelled, true, __ATOMIC_RELEASE);
 	pthread_join(t, NULL);
 	ck_assert_int_eq(p.reserve_errno, ECANCELED);
-	ck_assert_ptr_null(bq_next(&q, NULL));
-	bq_free(&q);
+	ck_assert_ptr_null(backup_queue_next(&q, NULL));
+	backup_queue_free(&q);
 
 	/* a writer waiting on an empty queue */
 	memset(&b, 0, sizeof(b));
-	ck_assert_int_eq(bq_init(&q, &b.j), 0);
+	ck_assert_int_eq(backup_queue_init(&q, &b.j), 0);
 	__atomic_store_n(&b.j.cancelled, true, __ATOMIC_RELEASE);
-	ck_assert_ptr_null(bq_next(&q, NULL));
-	bq_free(&q);
+	ck_assert_ptr_null(backup_queue_next(&q, NULL));
+	backup_queue_free(&q);
 }
 END_TEST
 
 /* The walker's error reaches the writer after the records before it. */
 START_TEST(walker_error)
 {
-	struct bk b;
+	struct backup b;
 	memset(&b, 0, sizeof(b));
-	struct bq q;
-	ck_assert_int_eq(bq_init(&q, &b.j), 0);
+	struct backup_queue q;
+	ck_assert_int_eq(backup_queue_init(&q, &b.j), 0);
 	struct producer p = {.q = &q, .n = 50, .fail_at = 20};
 	pthread_t t;
 	ck_assert_int_eq(pthread_create(&t, NULL, produce, &p), 0);
 	unsigned got = 0;
-	struct bq_rec *r;
-	while ((r = bq_next(&q, NULL)) != NULL) {
+	struct backup_queue_rec *r;
+	while ((r = backup_queue_next(&q, NULL)) != NULL) {
 		check_rec(r, got++, false);
-		bq_release(&q, r);
+		backup_queue_release(&q, r);
 	}
 	pthread_join(t, NULL);
 	ck_assert_uint_eq(got, 20);
 	ck_assert_int_eq(q.rc, -1);
 	ck_assert_int_eq(q.err.code, EACCES);
 	ck_assert_str_eq(q.err.path, "/x/unreadable");
-	bq_free(&q);
+	backup_queue_free(&q);
 }
 END_TEST
 
