@@ -14,9 +14,11 @@
 #include <string.h>
 
 /*
- * Each backup or restore is ONE worker job for its whole life: libarchive is
- * synchronous, so the archive writer (or the archive reader and the extractor) runs
- * on that thread from start to end, with one helper thread of the job's own: a
+ * Each backup or restore is ONE job for its whole life, on a thread of its own
+ * (worker_run_own: not a pool worker, so a job stalled on credit holds none; at most
+ * --max-jobs run, later ones wait queued on the loop): libarchive is synchronous, so
+ * the archive writer (or the archive reader and the extractor) runs on that thread
+ * from start to end, with one helper thread of the job's own: a
  * backup's walker (backup_walk.c), which makes the walk's syscalls ahead of it, or a
  * restore's file writer (restore_files.c), which writes the files it created. The
  * job and the loop meet in a small handoff under a mutex:
