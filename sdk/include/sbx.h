@@ -11,7 +11,9 @@
  *   struct sbx_call_opts; a cancelled call returns -1 with code ECANCELED.
  * - A client can also be driven from the caller's event loop: watch sbx_client_fd()
  *   for readability and call sbx_client_process(); *_async calls report through
- *   callbacks invoked from sbx_client_process().
+ *   callbacks that run on whichever thread routes their last frame: the one in
+ *   sbx_client_process(), another call waiting on the same client, or a tunnel's
+ *   relay thread. Keep them short and do not block in them.
  * - Every struct passed in or filled in by the library starts with size_t struct_size,
  *   which the caller sets to the sizeof it was compiled with: use the SBX_*_INIT
  *   macros (SBX_CALL_OPTS_INIT, SBX_STAT_INIT, ...), which set it and zero the rest.
