@@ -677,9 +677,14 @@ static void *walk_main(void *arg)
 	return NULL;
 }
 
+static void backup_walk_freep(struct backup_walk **w)
+{
+	backup_walk_free(*w);
+}
+
 struct backup_walk *backup_walk_new(struct backup *b, struct shim_err *err)
 {
-	struct backup_walk *w = calloc(1, sizeof(*w));
+	struct backup_walk *w __attribute__((cleanup(backup_walk_freep))) = calloc(1, sizeof(*w));
 	if (w == NULL) {
 		err_set(err, ENOMEM, b->dir.abs, "backup: out of memory");
 		return NULL;
@@ -693,25 +698,22 @@ struct backup_walk *backup_walk_new(struct backup *b, struct shim_err *err)
 	if (w->xlist == NULL || w->xval == NULL || backup_meta_excludes_init(&w->ex, b->excludes, b->n_excludes) < 0 ||
 	    fs_walk_init(&w->walk, FS_WALK_LEVEL_BUFS, sizeof(struct bk_level)) < 0) {
 		err_set(err, ENOMEM, b->dir.abs, "backup: out of memory");
-		goto fail;
+		return NULL;
 	}
 	int fd = fs_open(&b->dir, O_RDONLY | O_DIRECTORY, 0, err);
 	if (fd < 0)
-		goto fail;
+		return NULL;
 	if (fstat(fd, &w->root_st) < 0) {
 		err_set(err, errno, b->dir.abs, "backup: stat");
 		close(fd);
-		goto fail;
+		return NULL;
 	}
 	w->root_dev = w->root_st.st_dev;
 	if (push_level(w, fd, &w->root_st, 2, false) < 0) {
 		*err = w->err;
-		goto fail;
+		return NULL;
 	}
-	return w;
-fail:
-	backup_walk_free(w);
-	return NULL;
+	return steal_ptr(w);
 }
 
 void backup_walk_skip(struct backup_walk *w, dev_t dev, ino_t ino, const char *name, const char *tmp)

@@ -180,31 +180,32 @@ static bool token_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t 
 	return diff == 0;
 }
 
+static void hello_freep(Shim__V1__Hello **h)
+{
+	if (*h != NULL)
+		shim__v1__hello__free_unpacked(*h, NULL);
+}
+#define cleanup_hello __attribute__((cleanup(hello_freep)))
+
 int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_err *err)
 {
 	struct server *s = c->srv;
-	Shim__V1__Hello *h = shim__v1__hello__unpack(NULL, len, payload);
+	Shim__V1__Hello cleanup_hello *h = shim__v1__hello__unpack(NULL, len, payload);
 	if (h == NULL) {
 		char why[200];
 		if (pb_explain(&shim__v1__hello__descriptor, payload, len, why, sizeof(why)) < 0)
 			snprintf(why, sizeof(why), "malformed");
 		return err_set(err, EBADMSG, NULL, "cannot decode Hello: %s", why);
 	}
-	int rc = -1;
-	if (h->protocol_version != SHIM_PROTOCOL_VERSION) {
-		err_set(err, EPROTONOSUPPORT, NULL, "protocol version %u not supported (this shim speaks %u)",
-			h->protocol_version, SHIM_PROTOCOL_VERSION);
-		goto out;
-	}
+	if (h->protocol_version != SHIM_PROTOCOL_VERSION)
+		return err_set(err, EPROTONOSUPPORT, NULL, "protocol version %u not supported (this shim speaks %u)",
+			       h->protocol_version, SHIM_PROTOCOL_VERSION);
 	if (c->need_token && s->cfg.token != NULL) {
-		if (!h->has_token || h->token.len == 0) {
-			err_set(err, EACCES, NULL, "token required");
-			goto out;
-		}
+		if (!h->has_token || h->token.len == 0)
+			return err_set(err, EACCES, NULL, "token required");
 		if (!token_equal(h->token.data, h->token.len, (const uint8_t *)s->cfg.token, s->cfg.token_len)) {
 			/* logged with the refusal, rate-limited (conn_fail) */
-			err_set(err, EACCES, NULL, "bad token");
-			goto out;
+			return err_set(err, EACCES, NULL, "bad token");
 		}
 	}
 	uint32_t max = s->cfg.max_frame;
@@ -237,21 +238,16 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 	r.max_streams = s->cfg.max_streams;
 	uint8_t buf[2048];
 	size_t n = shim__v1__hello_reply__get_packed_size(&r);
-	if (n > sizeof(buf)) {
-		err_set(err, EOVERFLOW, NULL, "HelloReply too large");
-		goto out;
-	}
+	if (n > sizeof(buf))
+		return err_set(err, EOVERFLOW, NULL, "HelloReply too large");
 	shim__v1__hello_reply__pack(&r, buf);
 	/* authenticated: it now takes one of the --max-connections (EAGAIN when none is left) */
 	if (conn_admit(c, err) < 0)
-		goto out;
+		return -1;
 	c->state = CONN_READY;
 	conn_send(c, 0, FRAME_HELLO_OK, 0, buf, n);
 	log_debug("conn %s: hello from %s, max frame %u", c->peer, h->client_name ? h->client_name : "?", max);
-	rc = 0;
-out:
-	shim__v1__hello__free_unpacked(h, NULL);
-	return rc;
+	return 0;
 }
 
 int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct shim_err *err)

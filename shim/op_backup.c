@@ -527,40 +527,39 @@ static void bk_cancel(struct stream *st)
 
 static const struct stream_ops bk_ops = {.writable = bk_pump, .cancel = bk_cancel};
 
+static void bk_freep(struct backup **b)
+{
+	if (*b != NULL)
+		bk_free(*b);
+}
+
 int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__BackupRequest *q = req->backup;
-	struct backup *b = calloc(1, sizeof(*b));
+	struct backup *b __attribute__((cleanup(bk_freep))) = calloc(1, sizeof(*b));
 	if (b == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	if (fs_path_get(&q->dir, &b->dir, err) < 0)
-		goto fail;
+		return -1;
 	b->dir_len = b->dir.len;
 	while (b->dir_len > 0 && b->dir.abs[b->dir_len - 1] == '/')
 		b->dir_len--;
 	b->compression = q->has_compression ? (int)q->compression : SHIM__V1__COMPRESSION__COMPRESSION_NONE;
 	switch (b->compression) {
 	case SHIM__V1__COMPRESSION__COMPRESSION_NONE:
-		if (q->has_level) {
-			err_set(err, EINVAL, b->dir.abs, "a compression level without compression");
-			goto fail;
-		}
+		if (q->has_level)
+			return err_set(err, EINVAL, b->dir.abs, "a compression level without compression");
 		break;
 	case SHIM__V1__COMPRESSION__COMPRESSION_GZIP:
-		if (q->has_level && (q->level < 0 || q->level > 9)) {
-			err_set(err, EINVAL, b->dir.abs, "gzip level %d out of range (0..9)", q->level);
-			goto fail;
-		}
+		if (q->has_level && (q->level < 0 || q->level > 9))
+			return err_set(err, EINVAL, b->dir.abs, "gzip level %d out of range (0..9)", q->level);
 		break;
 	case SHIM__V1__COMPRESSION__COMPRESSION_ZSTD:
-		if (q->has_level && (q->level < -7 || q->level > 22)) {
-			err_set(err, EINVAL, b->dir.abs, "zstd level %d out of range (-7..22)", q->level);
-			goto fail;
-		}
+		if (q->has_level && (q->level < -7 || q->level > 22))
+			return err_set(err, EINVAL, b->dir.abs, "zstd level %d out of range (-7..22)", q->level);
 		break;
 	default:
-		err_set(err, EINVAL, b->dir.abs, "unknown compression %d", b->compression);
-		goto fail;
+		return err_set(err, EINVAL, b->dir.abs, "unknown compression %d", b->compression);
 	}
 	b->has_level = q->has_level && q->level != 0;
 	b->level = q->level;
@@ -568,27 +567,21 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	b->one_file_system = q->has_one_file_system && q->one_file_system;
 	if (q->has_to_path) {
 		if (fs_path_get(&q->to_path, &b->to, err) < 0)
-			goto fail;
+			return -1;
 		b->has_to = true;
 	}
 	if (q->n_excludes > 0) {
 		b->excludes = calloc(q->n_excludes, sizeof(*b->excludes));
-		if (b->excludes == NULL) {
-			err_set(err, ENOMEM, NULL, "out of memory");
-			goto fail;
-		}
+		if (b->excludes == NULL)
+			return err_set(err, ENOMEM, NULL, "out of memory");
 		for (size_t i = 0; i < q->n_excludes; i++) {
 			const ProtobufCBinaryData *p = &q->excludes[i];
-			if (p->len == 0 || p->len >= PATH_MAX || memchr(p->data, '\0', p->len) != NULL) {
-				err_setn(err, EINVAL, p->data, p->len < 1000 ? p->len : 1000,
-					 "exclude pattern empty, too long or holding a NUL byte");
-				goto fail;
-			}
+			if (p->len == 0 || p->len >= PATH_MAX || memchr(p->data, '\0', p->len) != NULL)
+				return err_setn(err, EINVAL, p->data, p->len < 1000 ? p->len : 1000,
+						"exclude pattern empty, too long or holding a NUL byte");
 			b->excludes[i] = strndup((const char *)p->data, p->len);
-			if (b->excludes[i] == NULL) {
-				err_set(err, ENOMEM, NULL, "out of memory");
-				goto fail;
-			}
+			if (b->excludes[i] == NULL)
+				return err_set(err, ENOMEM, NULL, "out of memory");
 			b->n_excludes = i + 1;
 		}
 	}
@@ -605,18 +598,16 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 			break;
 	}
 	if (nbuf == 0)
-		goto fail;
+		return -1;
 	b->held = nbuf * BK_BUF;
 	b->nbuf = nbuf;
 	for (unsigned i = 0; i < b->nbuf; i++) {
 		b->buf[i].data = budget_alloc(BK_BUF);
-		if (b->buf[i].data == NULL) {
-			err_set(err, ENOMEM, NULL, "out of memory");
-			goto fail;
-		}
+		if (b->buf[i].data == NULL)
+			return err_set(err, ENOMEM, NULL, "out of memory");
 	}
 	if (fs_ctx_defer(req->fs, &b->j.fsx, err) < 0)
-		goto fail;
+		return -1;
 	b->buf[0].state = BKB_FILLING;
 	sha256_init(&b->sha);
 	st->ops = &bk_ops;
@@ -626,12 +617,10 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	if (bjob_start(&b->j, st, bk_async_cb, bk_run_work, bk_done, err) < 0) {
 		st->ops = NULL;
 		st->op_data = NULL;
-		goto fail;
+		return -1;
 	}
+	b = NULL; /* the job owns it now */
 	return 0;
-fail:
-	bk_free(b);
-	return -1;
 }
 
 /* ================================ restore ================================ */
@@ -865,19 +854,23 @@ static const struct stream_ops rs_ops = {.data = rs_data, .cancel = rs_cancel};
 /* from_path: the archive is read from the file; DATA from the client is an error */
 static const struct stream_ops rs_file_ops = {.cancel = rs_cancel};
 
+static void rs_freep(struct restore_job **r)
+{
+	if (*r != NULL)
+		rs_free(*r);
+}
+
 int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 {
 	const Shim__V1__RestoreRequest *q = req->restore;
-	struct restore_job *r = calloc(1, sizeof(*r));
+	struct restore_job *r __attribute__((cleanup(rs_freep))) = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	if (fs_path_get(&q->dir, &r->dir, err) < 0)
-		goto fail;
+		return -1;
 	if (q->has_mode && q->mode != SHIM__V1__RESTORE_MODE__RESTORE_REPLACE &&
-	    q->mode != SHIM__V1__RESTORE_MODE__RESTORE_MERGE) {
-		err_set(err, EINVAL, r->dir.abs, "unknown restore mode %d", (int)q->mode);
-		goto fail;
-	}
+	    q->mode != SHIM__V1__RESTORE_MODE__RESTORE_MERGE)
+		return err_set(err, EINVAL, r->dir.abs, "unknown restore mode %d", (int)q->mode);
 	r->merge = q->has_mode && q->mode == SHIM__V1__RESTORE_MODE__RESTORE_MERGE;
 	r->allow_devices = q->has_allow_devices && q->allow_devices;
 	r->allow_empty = q->has_allow_empty && q->allow_empty;
@@ -889,16 +882,14 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 			ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 			r->want_sha[i] = (char)(c >= 'A' && c <= 'F' ? c - 'A' + 'a' : c);
 		}
-		if (!ok) {
-			err_set(err, EINVAL, r->dir.abs, "sha256 must be 64 hex digits");
-			goto fail;
-		}
+		if (!ok)
+			return err_set(err, EINVAL, r->dir.abs, "sha256 must be 64 hex digits");
 		r->want_sha[64] = '\0';
 		r->has_sha = true;
 	}
 	if (q->has_from_path) {
 		if (fs_path_get(&q->from_path, &r->from, err) < 0)
-			goto fail;
+			return -1;
 		r->has_from = true;
 	} else {
 		/* As large as the credit the client may have, so every byte it sends fits:
@@ -913,21 +904,20 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 			if (stream_reserve(st, cap, cap <= st->recv_left ? err : &e) == 0)
 				break;
 			if (cap <= st->recv_left)
-				goto fail;
+				return -1;
 			cap = cap / 4 > st->recv_left ? cap / 4 : st->recv_left;
 		}
 		r->ring = budget_alloc(cap);
 		if (r->ring == NULL) {
 			budget_give(cap);
-			err_set(err, ENOMEM, NULL, "out of memory");
-			goto fail;
+			return err_set(err, ENOMEM, NULL, "out of memory");
 		}
 		r->cap = cap;
 		if (r->cap > st->recv_left)
 			stream_grant(st, (uint32_t)(r->cap - st->recv_left));
 	}
 	if (fs_ctx_defer(req->fs, &r->j.fsx, err) < 0)
-		goto fail;
+		return -1;
 	sha256_init(&r->sha);
 	st->ops = r->has_from ? &rs_file_ops : &rs_ops;
 	st->op_data = r;
@@ -936,10 +926,8 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	if (bjob_start(&r->j, st, rs_async_cb, rs_run_work, rs_done, err) < 0) {
 		st->ops = NULL;
 		st->op_data = NULL;
-		goto fail;
+		return -1;
 	}
+	r = NULL; /* the job owns it now */
 	return 0;
-fail:
-	rs_free(r);
-	return -1;
 }

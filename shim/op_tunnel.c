@@ -741,7 +741,8 @@ int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shi
 	char host[64];
 	int backlog = r->has_backlog && r->backlog > 0 ? (int)(r->backlog > 4096 ? 4096 : r->backlog) : 128;
 	int loop = loopback_name(r->host);
-	int fd = -1, fd6 = -1;
+	int cleanup_close fd = -1;
+	int cleanup_close fd6 = -1;
 	if (loop == LOOP_BOTH) {
 		if (r->port > 65535)
 			return err_set(err, EINVAL, r->host, "port %u out of range", r->port);
@@ -758,31 +759,24 @@ int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shi
 	}
 	struct sockaddr_storage bound;
 	socklen_t bl = sizeof(bound);
-	if (getsockname(fd, (struct sockaddr *)&bound, &bl) < 0) {
-		err_set(err, errno, host, "getsockname");
-		goto fail;
-	}
+	if (getsockname(fd, (struct sockaddr *)&bound, &bl) < 0)
+		return err_set(err, errno, host, "getsockname");
 	struct tunnel *t = tunnel_new(st, TUN_REVERSE, r->remote, err);
 	if (t == NULL)
-		goto fail;
+		return -1;
 	snprintf(t->host, sizeof(t->host), "%s", host);
 	t->port = sa_port(&bound);
 	t->accept_timeout =
 		(r->has_accept_timeout_ms && r->accept_timeout_ms > 0 ? r->accept_timeout_ms : TUN_ACCEPT_TIMEOUT_MS) /
 		1000.0;
-	t->lfd = fd;
+	t->lfd = steal_fd(fd);
 	ev_io_set(&t->lio, t->lfd, EV_READ);
-	t->lfd6 = fd6;
-	if (fd6 >= 0)
+	t->lfd6 = steal_fd(fd6);
+	if (t->lfd6 >= 0)
 		ev_io_set(&t->lio6, t->lfd6, EV_READ);
 	tunnel_publish(t);
 	listen_start(t);
 	return 0;
-fail:
-	close(fd);
-	if (fd6 >= 0)
-		close(fd6);
-	return -1;
 }
 
 int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)

@@ -619,15 +619,12 @@ static int ex_node(struct restore *x, struct archive_entry *e, int pfd, const ch
 			return restore_fail(x, errno, "mknod");
 	}
 	/* an O_PATH fd: opening the node itself could block (FIFO) or act (device) */
-	int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	int cleanup_close fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return restore_fail(x, errno, "open");
-	int rc = -1;
 	struct stat st;
-	if (fstat(fd, &st) < 0 || (st.st_mode & S_IFMT) != type) {
-		restore_fail(x, EAGAIN, "replaced while being restored");
-		goto out;
-	}
+	if (fstat(fd, &st) < 0 || (st.st_mode & S_IFMT) != type)
+		return restore_fail(x, EAGAIN, "replaced while being restored");
 	uid_t uid;
 	gid_t gid;
 	bool chowned = false;
@@ -638,22 +635,15 @@ static int ex_node(struct restore *x, struct archive_entry *e, int pfd, const ch
 			chowned = true;
 	}
 	if (set_xattrs(x, e, -1, pfd, name) < 0)
-		goto out;
+		return -1;
 	mode_t mode = archive_entry_perm(e) & 07777;
-	if ((mode != (st.st_mode & 07777) || chowned) && fs_fd_chmod(fd, mode) < 0) {
-		restore_fail(x, errno, "chmod");
-		goto out;
-	}
+	if ((mode != (st.st_mode & 07777) || chowned) && fs_fd_chmod(fd, mode) < 0)
+		return restore_fail(x, errno, "chmod");
 	struct timespec ts[2];
 	restore_entry_times(e, ts);
-	if (fs_fd_utimens(fd, ts) < 0) {
-		restore_fail(x, errno, "set times");
-		goto out;
-	}
-	rc = 0;
-out:
-	close(fd);
-	return rc;
+	if (fs_fd_utimens(fd, ts) < 0)
+		return restore_fail(x, errno, "set times");
+	return 0;
 }
 
 /* Link x->tpath, resolved from base, to pfd/name. 0; 1 when the target is not
