@@ -169,6 +169,13 @@ int fs_ctx_settle(struct fs_ctx *ctx, struct shim_err *err)
 	return lookup(ctx, err);
 }
 
+int fs_ctx_begin(struct fs_ctx *ctx, struct shim_err *err)
+{
+	if (fs_ctx_settle(ctx, err) < 0)
+		return -1;
+	return fs_ctx_enter(ctx, err);
+}
+
 int fs_ctx_from_request(const Shim__V1__FsOptions *opt, struct fs_ctx *out, struct shim_err *err)
 {
 	if (fs_ctx_defer(opt, out, err) < 0)

@@ -61,6 +61,8 @@ int fs_ctx_defer(const Shim__V1__FsOptions *opt, struct fs_ctx *out, struct shim
  * first work item, before any other can run; fs_ctx_enter of a still pending ctx
  * looks it up each time (correct, slower). */
 int fs_ctx_settle(struct fs_ctx *ctx, struct shim_err *err);
+/* A job's work item: fs_ctx_settle, then fs_ctx_enter. */
+int fs_ctx_begin(struct fs_ctx *ctx, struct shim_err *err);
 /* Start-up: --fs-user USER[:GROUP], the identity of requests that name none; tried
  * once on the calling thread (and undone). -1 with err (EINVAL: bad spec or unknown
  * name; EPERM: a shim that may not switch to it). */

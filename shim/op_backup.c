@@ -351,7 +351,7 @@ static void bk_pump(struct stream *st);
 static void bk_run_work(struct work *w)
 {
 	struct backup *b = container_of(w, struct backup, j.work);
-	if (fs_ctx_settle(&b->j.fsx, &b->j.err) < 0 || fs_ctx_enter(&b->j.fsx, &b->j.err) < 0)
+	if (fs_ctx_begin(&b->j.fsx, &b->j.err) < 0)
 		b->j.rc = -1;
 	else
 		b->j.rc = backup_write_run(b);
@@ -809,7 +809,7 @@ static void rs_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 static void rs_run_work(struct work *w)
 {
 	struct restore_job *r = container_of(w, struct restore_job, j.work);
-	if (fs_ctx_settle(&r->j.fsx, &r->j.err) < 0 || fs_ctx_enter(&r->j.fsx, &r->j.err) < 0)
+	if (fs_ctx_begin(&r->j.fsx, &r->j.err) < 0)
 		r->j.rc = -1;
 	else
 		r->j.rc = restore_run(r);

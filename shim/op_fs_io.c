@@ -556,7 +556,7 @@ static void rd_open_run(struct work *w)
 	r->rc = -1;
 	struct stat st;
 	/* the open as the request's identity; the reads of the open fd need none */
-	if (fs_ctx_settle(&r->fsx, &r->err) < 0 || fs_ctx_enter(&r->fsx, &r->err) < 0)
+	if (fs_ctx_begin(&r->fsx, &r->err) < 0)
 		return;
 	if (offset > 0) {
 		/* before the open, which for a FIFO waits for a writer */
@@ -1176,7 +1176,7 @@ static void wr_run(struct work *wk)
 	struct wr *w = container_of(wk, struct wr, work);
 	/* every job as the request's identity: the temp file is created as it (and so
 	 * owned by it, no chown after), renamed and removed as it */
-	if ((w->job == WJ_OPEN && fs_ctx_settle(&w->fsx, &w->err) < 0) || fs_ctx_enter(&w->fsx, &w->err) < 0) {
+	if (fs_ctx_begin(&w->fsx, &w->err) < 0) {
 		w->rc = -1;
 		wr_release(w);
 		return;

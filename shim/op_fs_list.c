@@ -289,7 +289,7 @@ static void list_run(struct work *w)
 	/* each batch opens directories: as the request's identity (one job at a time) */
 	if (l->closing)
 		l->rc = -1;
-	else if (fs_ctx_settle(&l->fsx, &l->err) < 0 || fs_ctx_enter(&l->fsx, &l->err) < 0)
+	else if (fs_ctx_begin(&l->fsx, &l->err) < 0)
 		l->rc = -1;
 	else
 		l->rc = list_batch(l);

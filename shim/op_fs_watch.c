@@ -749,7 +749,7 @@ static void watch_run(struct work *wk)
 	w->rc = 0;
 	/* the watched path and the directories added later are opened (and watched:
 	 * inotify wants read permission) as the request's identity */
-	if (fs_ctx_settle(&w->fsx, &w->err) < 0 || fs_ctx_enter(&w->fsx, &w->err) < 0) {
+	if (fs_ctx_begin(&w->fsx, &w->err) < 0) {
 		if (!w->started)
 			w->rc = -1;
 		else
