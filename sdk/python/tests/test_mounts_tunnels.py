@@ -543,11 +543,11 @@ class Tunnels(ShimCase):
         dead = s.getsockname()[1]
         s.close()
         with self.shim.forward(dead, on_event=events.append) as t:
-            with socket.create_connection(("127.0.0.1", t.port), timeout=10) as c:
-                try:
+            try:
+                with socket.create_connection(("127.0.0.1", t.port), timeout=10) as c:
                     self.assertEqual(c.recv(10), b"")
-                except ConnectionResetError:
-                    pass  # reset: the connection inside could not be made
+            except ConnectionResetError:
+                pass  # reset (even before connect returned): the connection inside could not be made
             self.assertTrue(wait_until(lambda: any(e.type == "fail" for e in events)))
             fail = [e for e in events if e.type == "fail"][0]
             self.assertEqual(fail.error.errno_name, "ECONNREFUSED")
