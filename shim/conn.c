@@ -501,6 +501,9 @@ static struct stream *stream_new(struct conn *c, uint32_t id)
 static void stream_free(struct stream *st)
 {
 	struct conn *c = st->conn;
+	/* (stream_abort clears ops first: its op heard of it through cancel) */
+	if (st->ops != NULL && st->ops->gone != NULL)
+		st->ops->gone(st);
 	struct stream **pp = &c->buckets[st->id % CONN_BUCKETS];
 	while (*pp != st)
 		pp = &(*pp)->hnext;

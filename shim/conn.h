@@ -25,6 +25,8 @@ struct stream_ops {
 	/* The stream is going away without END: client CANCEL, disconnect, shutdown or a
 	 * failed hook. Release or orphan everything; do not touch st afterwards. */
 	void (*cancel)(struct stream *st);
+	/* The op ended the stream itself (stream_end, stream_fail): st is being freed. */
+	void (*gone)(struct stream *st);
 };
 
 struct stream {

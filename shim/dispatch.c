@@ -1,170 +1,69 @@
-/* dispatch.c: the handshake, the table of request kinds, blocking operations run on a worker, and
- * Error/Result encoding. */
+/* dispatch.c: the handshake, the table of request kinds, and Error encoding. */
 #include "dispatch.h"
 #include "conn.h"
 #include "errnames.h"
 #include "frame.h"
-#include "fsctx.h"
 #include "listen.h"
 #include "log.h"
+#include "op.h"
 #include "ops.h"
 #include "pbcheck.h"
 #include "server.h"
 #include "shim.pb-c.h"
 #include "util.h"
-#include "worker.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct disp_entry {
-	Shim__V1__Request__KindCase kind;
-	const char *name;
-	op_start_fn start;       /* operations that stream or keep state on the loop */
-	op_blocking_fn blocking; /* one-shot operations run whole on a worker */
-};
-
-/* One row per request kind; generic checks (limits, decoding) happen once, before. */
-static const struct disp_entry table[] = {
-	{SHIM__V1__REQUEST__KIND_INFO, "info", op_sys_info, NULL},
-	{SHIM__V1__REQUEST__KIND_ECHO, "echo", op_sys_echo, NULL},
-	{SHIM__V1__REQUEST__KIND_STAT, "stat", NULL, op_fs_stat},
-	{SHIM__V1__REQUEST__KIND_READ, "read", op_fs_read, NULL},
-	{SHIM__V1__REQUEST__KIND_WRITE, "write", op_fs_write, NULL},
-	{SHIM__V1__REQUEST__KIND_LIST, "list", op_fs_list, NULL},
-	{SHIM__V1__REQUEST__KIND_MKDIR, "mkdir", NULL, op_fs_mkdir},
-	{SHIM__V1__REQUEST__KIND_REMOVE, "remove", NULL, op_fs_remove},
-	{SHIM__V1__REQUEST__KIND_RENAME, "rename", NULL, op_fs_rename},
-	{SHIM__V1__REQUEST__KIND_COPY, "copy", NULL, op_fs_copy},
-	{SHIM__V1__REQUEST__KIND_CHMOD, "chmod", NULL, op_fs_chmod},
-	{SHIM__V1__REQUEST__KIND_CHOWN, "chown", NULL, op_fs_chown},
-	{SHIM__V1__REQUEST__KIND_SYMLINK, "symlink", NULL, op_fs_symlink},
-	{SHIM__V1__REQUEST__KIND_READLINK, "readlink", NULL, op_fs_readlink},
-	{SHIM__V1__REQUEST__KIND_LINK, "link", NULL, op_fs_link},
-	{SHIM__V1__REQUEST__KIND_TRUNCATE, "truncate", NULL, op_fs_truncate},
-	{SHIM__V1__REQUEST__KIND_SET_TIMES, "set_times", NULL, op_fs_set_times},
-	{SHIM__V1__REQUEST__KIND_REALPATH, "realpath", NULL, op_fs_realpath},
-	{SHIM__V1__REQUEST__KIND_STATFS, "statfs", NULL, op_fs_statfs},
-	{SHIM__V1__REQUEST__KIND_WATCH, "watch", op_fs_watch, NULL},
-	{SHIM__V1__REQUEST__KIND_EXEC, "exec", op_exec, NULL},
-	{SHIM__V1__REQUEST__KIND_SIGNAL, "signal", op_signal, NULL},
-	{SHIM__V1__REQUEST__KIND_PS, "ps", op_ps, NULL},
-	{SHIM__V1__REQUEST__KIND_ATTACH, "attach", op_attach, NULL},
-	{SHIM__V1__REQUEST__KIND_WAIT, "wait", op_wait, NULL},
-	{SHIM__V1__REQUEST__KIND_RMPROC, "rmproc", op_rmproc, NULL},
-	{SHIM__V1__REQUEST__KIND_RESIZE, "resize", op_resize, NULL},
-	{SHIM__V1__REQUEST__KIND_BACKUP, "backup", op_backup, NULL},
-	{SHIM__V1__REQUEST__KIND_RESTORE, "restore", op_restore, NULL},
+/* One row per request kind (struct op_kind, in the file that serves it); the generic
+ * checks (limits, decoding, enum values) happen once, before. */
+static const struct op_kind *const table[] = {
+	&op_sys_info_kind,
+	&op_sys_echo_kind,
+	/* files */
+	&op_fs_stat_kind,
+	&op_fs_read_kind,
+	&op_fs_write_kind,
+	&op_fs_list_kind,
+	&op_fs_mkdir_kind,
+	&op_fs_remove_kind,
+	&op_fs_rename_kind,
+	&op_fs_copy_kind,
+	&op_fs_chmod_kind,
+	&op_fs_chown_kind,
+	&op_fs_symlink_kind,
+	&op_fs_readlink_kind,
+	&op_fs_link_kind,
+	&op_fs_truncate_kind,
+	&op_fs_set_times_kind,
+	&op_fs_realpath_kind,
+	&op_fs_statfs_kind,
+	&op_fs_watch_kind,
+	/* processes */
+	&op_exec_kind,
+	&op_signal_kind,
+	&op_ps_kind,
+	&op_attach_kind,
+	&op_wait_kind,
+	&op_rmproc_kind,
+	&op_resize_kind,
+	/* backups */
+	&op_backup_kind,
+	&op_restore_kind,
 	/* mounts */
-	{SHIM__V1__REQUEST__KIND_MOUNT, "mount", op_mount, NULL},
-	{SHIM__V1__REQUEST__KIND_MOUNTS, "mounts", op_mounts, NULL},
-	{SHIM__V1__REQUEST__KIND_UNMOUNT, "unmount", op_unmount, NULL},
+	&op_mount_kind,
+	&op_mounts_kind,
+	&op_unmount_kind,
 	/* tunnels */
-	{SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen", op_tunnel_listen, NULL},
-	{SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward", op_tunnel_forward, NULL},
-	{SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT, "tunnel_connect", op_tunnel_connect, NULL},
-	{SHIM__V1__REQUEST__KIND_TUNNEL_ACCEPT, "tunnel_accept", op_tunnel_accept, NULL},
-	{SHIM__V1__REQUEST__KIND_TUNNELS, "tunnels", op_tunnel_list, NULL},
-	{SHIM__V1__REQUEST__KIND_TUNNEL_CLOSE, "tunnel_close", op_tunnel_close, NULL},
+	&op_tunnel_listen_kind,
+	&op_tunnel_forward_kind,
+	&op_tunnel_connect_kind,
+	&op_tunnel_accept_kind,
+	&op_tunnel_list_kind,
+	&op_tunnel_close_kind,
 };
-
-/* ---- blocking operations ---- */
-
-struct blocking_job {
-	struct work work;
-	struct stream *st; /* NULL once the stream has ended without us */
-	op_blocking_fn fn;
-	uint8_t *payload; /* the REQUEST, decoded again on the worker */
-	size_t len;
-	int rc;
-	struct op_reply reply;
-	struct shim_err err;
-};
-
-static void blocking_run(struct work *w)
-{
-	struct blocking_job *j = container_of(w, struct blocking_job, work);
-	Shim__V1__Request *req = shim__v1__request__unpack(NULL, j->len, j->payload);
-	if (req == NULL) {
-		j->rc = err_set(&j->err, ENOMEM, NULL, "cannot decode the request again");
-		return;
-	}
-	/* the request's identity and resolve flags for every syscall of the operation */
-	struct fs_ctx ctx;
-	if (fs_ctx_from_request(req->fs, &ctx, &j->err) < 0 || fs_ctx_enter(&ctx, &j->err) < 0)
-		j->rc = -1;
-	else
-		j->rc = j->fn(req, &j->reply, &j->err);
-	fs_ctx_leave();
-	shim__v1__request__free_unpacked(req, NULL);
-}
-
-static void blocking_done(struct work *w)
-{
-	struct blocking_job *j = container_of(w, struct blocking_job, work);
-	if (j->st != NULL) {
-		if (j->rc == 0)
-			stream_end(j->st, j->reply.buf, j->reply.len);
-		else
-			stream_fail(j->st, &j->err);
-	}
-	free(j->reply.buf);
-	free(j->payload);
-	free(j);
-}
-
-static void blocking_cancel(struct stream *st)
-{
-	struct blocking_job *j = st->op_data;
-	j->st = NULL;
-	worker_interrupt(&j->work);
-}
-
-static const struct stream_ops blocking_ops = {.cancel = blocking_cancel};
-
-static int start_blocking(struct stream *st, op_blocking_fn fn, const uint8_t *payload, size_t len,
-			  struct shim_err *err)
-{
-	struct blocking_job *j = calloc(1, sizeof(*j));
-	if (j == NULL)
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	j->payload = malloc(len ? len : 1);
-	if (j->payload == NULL) {
-		free(j);
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
-	memcpy(j->payload, payload, len);
-	j->len = len;
-	j->fn = fn;
-	j->st = st;
-	j->work.run = blocking_run;
-	j->work.done = blocking_done;
-	st->ops = &blocking_ops;
-	st->op_data = j;
-	worker_submit(&j->work);
-	return 0;
-}
-
-int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err)
-{
-	size_t n = shim__v1__result__get_packed_size(res);
-	reply->buf = malloc(n ? n : 1);
-	if (reply->buf == NULL)
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	reply->len = shim__v1__result__pack(res, reply->buf);
-	return 0;
-}
-
-int op_reply_done(struct op_reply *reply, struct shim_err *err)
-{
-	Shim__V1__Done d = SHIM__V1__DONE__INIT;
-	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
-	res.done = &d;
-	return op_reply_pack(reply, &res, err);
-}
 
 /* Constant-time comparison: the time taken does not depend on where the first
  * difference is, so a network peer cannot guess the token byte by byte. */
@@ -261,29 +160,23 @@ int disp_request(struct stream *st, const uint8_t *payload, size_t len, struct s
 			snprintf(why, sizeof(why), "malformed");
 		return err_set(err, EBADMSG, NULL, "cannot decode Request: %s", why);
 	}
-	const struct disp_entry *e = NULL;
-	for (size_t i = 0; i < ARRAY_SIZE(table); i++)
-		if (table[i].kind == req->kind_case)
-			e = &table[i];
-	int rc;
 	char why[200];
 	if (pb_check_enums(&req->base, why, sizeof(why)) < 0) {
 		/* protobuf-c keeps any number: a value from a newer schema must not be
 		 * taken for another (an unknown restore mode for a replace) */
-		rc = err_set(err, EINVAL, NULL, "%s", why);
-	} else if (e == NULL) {
-		/* a kind this shim does not know (newer client): the field was skipped as
-		 * unknown, so no oneof case is set */
-		rc = err_set(err, ENOSYS, NULL, "unknown request kind");
-	} else if (e->blocking != NULL) {
-		log_debug("conn %s: stream %u: %s", st->conn->peer, st->id, e->name);
-		rc = start_blocking(st, e->blocking, payload, len, err);
-	} else {
-		log_debug("conn %s: stream %u: %s", st->conn->peer, st->id, e->name);
-		rc = e->start(st, req, err);
+		shim__v1__request__free_unpacked(req, NULL);
+		return err_set(err, EINVAL, NULL, "%s", why);
 	}
+	for (size_t i = 0; i < ARRAY_SIZE(table); i++) {
+		if (table[i]->kind == req->kind_case) {
+			log_debug("conn %s: stream %u: %s", st->conn->peer, st->id, table[i]->name);
+			return op_begin(st, table[i], req, err); /* the op owns req now */
+		}
+	}
+	/* a kind this shim does not know (newer client): the field was skipped as
+	 * unknown, so no oneof case is set */
 	shim__v1__request__free_unpacked(req, NULL);
-	return rc;
+	return err_set(err, ENOSYS, NULL, "unknown request kind");
 }
 
 size_t disp_pack_error(const struct shim_err *err, uint8_t *buf, size_t size)
@@ -305,21 +198,4 @@ size_t disp_pack_error(const struct shim_err *err, uint8_t *buf, size_t size)
 		n = shim__v1__error__get_packed_size(&m);
 	}
 	return shim__v1__error__pack(&m, buf);
-}
-
-void op_end(struct stream *st, const Shim__V1__Result *result)
-{
-	uint8_t small[1024];
-	size_t n = shim__v1__result__get_packed_size(result);
-	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
-	if (buf == NULL) {
-		struct shim_err e;
-		err_set(&e, ENOMEM, NULL, "out of memory");
-		stream_fail(st, &e);
-		return;
-	}
-	shim__v1__result__pack(result, buf);
-	stream_end(st, buf, n);
-	if (buf != small)
-		free(buf);
 }

@@ -4,6 +4,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "log.h"
+#include "op.h"
 #include "ops.h"
 #include "server.h"
 #include "util.h"
@@ -406,7 +407,7 @@ static void bk_reply(struct backup *b, struct stream *st)
 	}
 	r.skipped = sk;
 	r.changed = ch;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 	free(sk);
 }
 
@@ -835,7 +836,7 @@ static void rs_done(struct work *w)
 			Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 			res.kind_case = SHIM__V1__RESULT__KIND_RESTORE;
 			res.restore = &rr;
-			op_end(st, &res);
+			op_end_stream(st, &res);
 		}
 	}
 	rs_free(r);
@@ -931,3 +932,7 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	r = NULL; /* the job owns it now */
 	return 0;
 }
+
+/* not moved onto struct op yet: each takes its stream over itself */
+const struct op_kind op_backup_kind = {SHIM__V1__REQUEST__KIND_BACKUP, "backup", 0, .legacy = op_backup};
+const struct op_kind op_restore_kind = {SHIM__V1__REQUEST__KIND_RESTORE, "restore", 0, .legacy = op_restore};

@@ -15,6 +15,7 @@
 #include "frame.h"
 #include "log.h"
 #include "op_exec.h"
+#include "op.h"
 #include "ops.h"
 #include "proc.h"
 #include "server.h"
@@ -148,7 +149,7 @@ static void exec_started(struct proc *p, void *owner)
 		stream_fail(st, &e);
 	} else {
 		res.process = &b.info;
-		op_end(st, &res);
+		op_end_stream(st, &res);
 	}
 	op_exec_info_buf_free(&b);
 	proc_unref(p); /* the stream's */
@@ -188,7 +189,7 @@ static void exec_finished(struct proc *p, void *owner)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 	proc_unref(p);
 }
 
@@ -334,3 +335,6 @@ int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *er
 	worker_submit(&j->work);
 	return 0;
 }
+
+/* not moved onto struct op yet: each takes its stream over itself */
+const struct op_kind op_exec_kind = {SHIM__V1__REQUEST__KIND_EXEC, "exec", 0, .legacy = op_exec};

@@ -1,6 +1,7 @@
 /* op_fs.c: one-shot file operations (stat, mkdir, remove, rename, chmod, ...), each run on a worker. */
 #include "fs.h"
 #include "fs_walk.h"
+#include "op.h"
 #include "ops.h"
 #include "util.h"
 
@@ -19,9 +20,9 @@
 #define ST_VALID 0x0020 /* statfs f_flags: "the flags are valid", not a mount flag */
 #endif
 
-int op_fs_stat(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int stat_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__StatRequest *r = req->stat;
+	const Shim__V1__StatRequest *r = op->req->stat;
 	struct fs_path p;
 	struct stat st;
 	if (fs_path_get(&r->path, &p, err) < 0)
@@ -51,7 +52,7 @@ int op_fs_stat(const Shim__V1__Request *req, struct op_reply *reply, struct shim
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_STAT;
 	res.stat = &fst;
-	return op_reply_pack(reply, &res, err);
+	return op_reply_pack(&op->reply, &res, err);
 }
 
 /* Name the client's path in err (an inner step may have named a prefix of it). */
@@ -138,9 +139,9 @@ static int mkdir_parents(const struct fs_path *p, mode_t mode, struct shim_err *
 	return 0;
 }
 
-int op_fs_mkdir(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int mkdir_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__MkdirRequest *r = req->mkdir;
+	const Shim__V1__MkdirRequest *r = op->req->mkdir;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -158,7 +159,7 @@ int op_fs_mkdir(const Shim__V1__Request *req, struct op_reply *reply, struct shi
 		if (mkdir_exact(dfd, name, mode, p.abs, err) < 0)
 			return -1;
 	}
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 /* ---- remove ---- */
@@ -278,9 +279,9 @@ int op_fs_remove_tree(int dfd, const char *name, bool cancellable, const char *e
 	return rc;
 }
 
-int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int remove_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__RemoveRequest *r = req->remove;
+	const Shim__V1__RemoveRequest *r = op->req->remove;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -311,7 +312,7 @@ int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 	} else if (unlinkat(dfd, name, 0) < 0) {
 		return err_set(err, errno, p.abs, "unlink");
 	}
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 /* ---- rename ---- */
@@ -334,9 +335,9 @@ static int src_removable(int dfd, const struct stat *st, const char *path, struc
 	return 0;
 }
 
-int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int rename_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__RenameRequest *r = req->rename;
+	const Shim__V1__RenameRequest *r = op->req->rename;
 	struct fs_path src, dst;
 	if (fs_path_get(&r->src, &src, err) < 0 || fs_path_get(&r->dst, &dst, err) < 0)
 		return -1;
@@ -349,7 +350,7 @@ int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 		return -1;
 	unsigned flags = r->has_no_replace && r->no_replace ? RENAME_NOREPLACE : 0;
 	if (renameat2(sdfd, sname, ddfd, dname, flags) == 0)
-		return op_reply_done(reply, err);
+		return op_reply_done(&op->reply, err);
 	if (errno != EXDEV) {
 		/* name the side the error is about, where it is clear */
 		bool about_dst = errno == EEXIST || errno == ENOTEMPTY || errno == EISDIR;
@@ -404,14 +405,14 @@ int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 	fs_cancel_restore(&old);
 	if (rc < 0)
 		return -1;
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 /* ---- metadata ---- */
 
-int op_fs_chmod(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int chmod_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__ChmodRequest *r = req->chmod;
+	const Shim__V1__ChmodRequest *r = op->req->chmod;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -423,12 +424,12 @@ int op_fs_chmod(const Shim__V1__Request *req, struct op_reply *reply, struct shi
 		return -1;
 	if (fs_fd_chmod(fd, r->mode) < 0)
 		return err_set(err, errno, p.abs, "chmod");
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
-int op_fs_chown(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int chown_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__ChownRequest *r = req->chown;
+	const Shim__V1__ChownRequest *r = op->req->chown;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -448,14 +449,14 @@ int op_fs_chown(const Shim__V1__Request *req, struct op_reply *reply, struct shi
 		if (fchownat(fd, "", uid, gid, AT_EMPTY_PATH) < 0)
 			return err_set(err, errno, p.abs, "chown");
 	}
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 /* ---- links ---- */
 
-int op_fs_symlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int symlink_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__SymlinkRequest *r = req->symlink;
+	const Shim__V1__SymlinkRequest *r = op->req->symlink;
 	struct fs_path link;
 	if (fs_path_get(&r->link, &link, err) < 0)
 		return -1;
@@ -476,7 +477,7 @@ int op_fs_symlink(const Shim__V1__Request *req, struct op_reply *reply, struct s
 		return -1;
 	if (symlinkat(target, dfd, name) < 0)
 		return err_set(err, errno, link.abs, "symlink");
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 static int reply_path(struct op_reply *reply, const char *path, size_t len, struct shim_err *err)
@@ -490,9 +491,9 @@ static int reply_path(struct op_reply *reply, const char *path, size_t len, stru
 	return op_reply_pack(reply, &res, err);
 }
 
-int op_fs_readlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int readlink_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__ReadlinkRequest *r = req->readlink;
+	const Shim__V1__ReadlinkRequest *r = op->req->readlink;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -504,12 +505,12 @@ int op_fs_readlink(const Shim__V1__Request *req, struct op_reply *reply, struct 
 	ssize_t n = readlinkat(dfd, name, target, sizeof(target));
 	if (n < 0)
 		return err_set(err, errno, p.abs, "readlink");
-	return reply_path(reply, target, (size_t)n, err);
+	return reply_path(&op->reply, target, (size_t)n, err);
 }
 
-int op_fs_link(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int link_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__LinkRequest *r = req->link;
+	const Shim__V1__LinkRequest *r = op->req->link;
 	struct fs_path target, link;
 	if (fs_path_get(&r->target, &target, err) < 0 || fs_path_get(&r->link, &link, err) < 0)
 		return -1;
@@ -523,14 +524,14 @@ int op_fs_link(const Shim__V1__Request *req, struct op_reply *reply, struct shim
 	/* flags 0: a symlink target is linked itself, never followed (out of the root) */
 	if (linkat(tdfd, tname, ldfd, lname, 0) < 0)
 		return err_set(err, errno, link.abs, "link");
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 /* ---- size and times ---- */
 
-int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int truncate_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__TruncateRequest *r = req->truncate;
+	const Shim__V1__TruncateRequest *r = op->req->truncate;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -555,7 +556,7 @@ int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct 
 		return op_fs_io_refuse_special(err, p.abs, st.st_mode, "truncate");
 	if (ftruncate(fd, (off_t)r->size) < 0)
 		return err_set(err, errno, p.abs, "truncate");
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 static int get_time(const Shim__V1__Timestamp *t, struct timespec *out, const char *path, struct shim_err *err)
@@ -571,9 +572,9 @@ static int get_time(const Shim__V1__Timestamp *t, struct timespec *out, const ch
 	return 0;
 }
 
-int op_fs_set_times(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int set_times_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__SetTimesRequest *r = req->set_times;
+	const Shim__V1__SetTimesRequest *r = op->req->set_times;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -603,14 +604,14 @@ int op_fs_set_times(const Shim__V1__Request *req, struct op_reply *reply, struct
 		return -1;
 	if (fs_fd_utimens(fd, ts) < 0)
 		return err_set(err, errno, p.abs, "utimensat");
-	return op_reply_done(reply, err);
+	return op_reply_done(&op->reply, err);
 }
 
 /* ---- where and how big ---- */
 
-int op_fs_realpath(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int realpath_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__RealpathRequest *r = req->realpath;
+	const Shim__V1__RealpathRequest *r = op->req->realpath;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -620,12 +621,12 @@ int op_fs_realpath(const Shim__V1__Request *req, struct op_reply *reply, struct 
 	char buf[PATH_MAX];
 	if (fs_fd_path(fd, buf, sizeof(buf), err) < 0)
 		return err_path(err, p.abs);
-	return reply_path(reply, buf, strlen(buf), err);
+	return reply_path(&op->reply, buf, strlen(buf), err);
 }
 
-int op_fs_statfs(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int statfs_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__StatfsRequest *r = req->statfs;
+	const Shim__V1__StatfsRequest *r = op->req->statfs;
 	struct fs_path p;
 	if (fs_path_get(&r->path, &p, err) < 0)
 		return -1;
@@ -649,5 +650,21 @@ int op_fs_statfs(const Shim__V1__Request *req, struct op_reply *reply, struct sh
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_STATFS;
 	res.statfs = &sr;
-	return op_reply_pack(reply, &res, err);
+	return op_reply_pack(&op->reply, &res, err);
 }
+
+/* one-shots: each runs whole on a worker, as the request's identity */
+const struct op_kind op_fs_stat_kind = {SHIM__V1__REQUEST__KIND_STAT, "stat", OP_FS, .job = stat_job};
+const struct op_kind op_fs_mkdir_kind = {SHIM__V1__REQUEST__KIND_MKDIR, "mkdir", OP_FS, .job = mkdir_job};
+const struct op_kind op_fs_remove_kind = {SHIM__V1__REQUEST__KIND_REMOVE, "remove", OP_FS, .job = remove_job};
+const struct op_kind op_fs_rename_kind = {SHIM__V1__REQUEST__KIND_RENAME, "rename", OP_FS, .job = rename_job};
+const struct op_kind op_fs_chmod_kind = {SHIM__V1__REQUEST__KIND_CHMOD, "chmod", OP_FS, .job = chmod_job};
+const struct op_kind op_fs_chown_kind = {SHIM__V1__REQUEST__KIND_CHOWN, "chown", OP_FS, .job = chown_job};
+const struct op_kind op_fs_symlink_kind = {SHIM__V1__REQUEST__KIND_SYMLINK, "symlink", OP_FS, .job = symlink_job};
+const struct op_kind op_fs_readlink_kind = {SHIM__V1__REQUEST__KIND_READLINK, "readlink", OP_FS, .job = readlink_job};
+const struct op_kind op_fs_link_kind = {SHIM__V1__REQUEST__KIND_LINK, "link", OP_FS, .job = link_job};
+const struct op_kind op_fs_truncate_kind = {SHIM__V1__REQUEST__KIND_TRUNCATE, "truncate", OP_FS, .job = truncate_job};
+const struct op_kind op_fs_set_times_kind = {SHIM__V1__REQUEST__KIND_SET_TIMES, "set_times", OP_FS,
+					     .job = set_times_job};
+const struct op_kind op_fs_realpath_kind = {SHIM__V1__REQUEST__KIND_REALPATH, "realpath", OP_FS, .job = realpath_job};
+const struct op_kind op_fs_statfs_kind = {SHIM__V1__REQUEST__KIND_STATFS, "statfs", OP_FS, .job = statfs_job};

@@ -2,6 +2,7 @@
 #include "fs.h"
 #include "fs_walk.h"
 #include "fsctx.h"
+#include "op.h"
 #include "ops.h"
 #include "util.h"
 
@@ -415,9 +416,9 @@ out:
 
 /* ---- the copy request ---- */
 
-int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err)
+static int copy_job(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__CopyRequest *r = req->copy;
+	const Shim__V1__CopyRequest *r = op->req->copy;
 	struct fs_path src, dst;
 	if (fs_path_get(&r->src, &src, err) < 0 || fs_path_get(&r->dst, &dst, err) < 0)
 		return -1;
@@ -476,5 +477,7 @@ int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_COPY;
 	res.copy = &cr;
-	return op_reply_pack(reply, &res, err);
+	return op_reply_pack(&op->reply, &res, err);
 }
+
+const struct op_kind op_fs_copy_kind = {SHIM__V1__REQUEST__KIND_COPY, "copy", OP_FS, .job = copy_job};

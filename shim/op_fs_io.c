@@ -6,6 +6,7 @@
 #include "fsctx.h"
 #include "journal.h"
 #include "log.h"
+#include "op.h"
 #include "ops.h"
 #include "server.h"
 #include "util.h"
@@ -341,7 +342,7 @@ static void rd_finish(struct rd *r)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_READ;
 	res.read = &rr;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 	rd_release(r);
 }
 
@@ -1233,7 +1234,7 @@ static void wr_reply(struct wr *w)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_WRITE;
 	res.write = &wr;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 }
 
 static void wr_done(struct work *wk)
@@ -1440,3 +1441,7 @@ int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err
 	wr_submit(w, WJ_OPEN);
 	return 0;
 }
+
+/* not moved onto struct op yet: each takes its stream over itself */
+const struct op_kind op_fs_read_kind = {SHIM__V1__REQUEST__KIND_READ, "read", 0, .legacy = op_fs_read};
+const struct op_kind op_fs_write_kind = {SHIM__V1__REQUEST__KIND_WRITE, "write", 0, .legacy = op_fs_write};

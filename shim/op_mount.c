@@ -3,6 +3,7 @@
 #include "init.h"
 #include "log.h"
 #include "mount.h"
+#include "op.h"
 #include "ops.h"
 #include "reaper.h"
 #include "server.h"
@@ -161,7 +162,7 @@ static void reply_record(struct stream *st, const struct mount *m)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_MOUNT;
 	res.mount = &r;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 }
 
 /* ================================ table ================================ */
@@ -851,7 +852,7 @@ int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_MOUNTS;
 	res.mounts = &l;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 	free(recs);
 	free(ptrs);
 	return 0;
@@ -1037,3 +1038,8 @@ static void final_hook(void *ud)
 	}
 	mt.n_gone = 0;
 }
+
+/* not moved onto struct op yet: each takes its stream over itself */
+const struct op_kind op_mount_kind = {SHIM__V1__REQUEST__KIND_MOUNT, "mount", 0, .legacy = op_mount};
+const struct op_kind op_mounts_kind = {SHIM__V1__REQUEST__KIND_MOUNTS, "mounts", 0, .legacy = op_mounts};
+const struct op_kind op_unmount_kind = {SHIM__V1__REQUEST__KIND_UNMOUNT, "unmount", 0, .legacy = op_unmount};

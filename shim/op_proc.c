@@ -15,6 +15,7 @@
 #include "frame.h"
 #include "log.h"
 #include "op_exec.h"
+#include "op.h"
 #include "ops.h"
 #include "proc.h"
 #include "util.h"
@@ -51,7 +52,7 @@ static void done_reply(struct stream *st)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
 	res.done = &d;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 }
 
 static void exit_reply(struct stream *st, const struct proc *p)
@@ -61,7 +62,7 @@ static void exit_reply(struct stream *st, const struct proc *p)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 }
 
 static struct proc *lookup(const char *id, struct shim_err *err)
@@ -403,7 +404,7 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 		list.n_processes--;
 	}
 	if (rc == 0)
-		op_end(st, &res);
+		op_end_stream(st, &res);
 	for (size_t i = 0; i < n; i++)
 		op_exec_info_buf_free(&bufs[i]);
 	free(bufs);
@@ -412,3 +413,11 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	return 0;
 }
+
+/* not moved onto struct op yet: each takes its stream over itself */
+const struct op_kind op_signal_kind = {SHIM__V1__REQUEST__KIND_SIGNAL, "signal", 0, .legacy = op_signal};
+const struct op_kind op_ps_kind = {SHIM__V1__REQUEST__KIND_PS, "ps", 0, .legacy = op_ps};
+const struct op_kind op_attach_kind = {SHIM__V1__REQUEST__KIND_ATTACH, "attach", 0, .legacy = op_attach};
+const struct op_kind op_wait_kind = {SHIM__V1__REQUEST__KIND_WAIT, "wait", 0, .legacy = op_wait};
+const struct op_kind op_rmproc_kind = {SHIM__V1__REQUEST__KIND_RMPROC, "rmproc", 0, .legacy = op_rmproc};
+const struct op_kind op_resize_kind = {SHIM__V1__REQUEST__KIND_RESIZE, "resize", 0, .legacy = op_resize};

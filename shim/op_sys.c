@@ -2,6 +2,7 @@
 #include "conn.h"
 #include "log.h"
 #include "mount.h"
+#include "op.h"
 #include "ops.h"
 #include "proc.h"
 #include "server.h"
@@ -15,26 +16,27 @@
 
 /* ---- info ---- */
 
-struct info_job {
-	struct work work;
-	struct stream *st; /* NULL once the stream is gone (cancel, disconnect) */
+/* What the worker read from /proc. */
+struct info_sample {
 	uint64_t rss;
 	double load[3];
 	bool have_load;
 };
 
-static void info_cancel(struct stream *st)
+static int info_start(struct op *op, struct shim_err *err)
 {
-	struct info_job *j = st->op_data;
-	j->st = NULL; /* orphaned: info_done frees it */
+	op->data = calloc(1, sizeof(struct info_sample));
+	if (op->data == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	op_run_job(op);
+	return 0;
 }
 
-static const struct stream_ops info_ops = {.cancel = info_cancel};
-
 /* On a worker: /proc reads are cheap, but the loop thread does no file I/O at all. */
-static void info_run(struct work *w)
+static int info_job(struct op *op, struct shim_err *err)
 {
-	struct info_job *j = container_of(w, struct info_job, work);
+	(void)err;
+	struct info_sample *j = op->data;
 	FILE *f = fopen("/proc/self/statm", "re");
 	if (f != NULL) {
 		unsigned long size, resident;
@@ -47,87 +49,76 @@ static void info_run(struct work *w)
 		j->have_load = fscanf(f, "%lf %lf %lf", &j->load[0], &j->load[1], &j->load[2]) == 3;
 		fclose(f);
 	}
-}
-
-static void info_done(struct work *w)
-{
-	struct info_job *j = container_of(w, struct info_job, work);
-	struct stream *st = j->st;
-	if (st != NULL) {
-		struct server *s = st->conn->srv;
-		Shim__V1__InfoReply r = SHIM__V1__INFO_REPLY__INIT;
-		r.shim_version = (char *)SHIM_VERSION;
-		r.protocol_version = 1;
-		size_t nf = 0;
-		while (server_features[nf] != NULL)
-			nf++;
-		r.n_features = nf;
-		r.features = (char **)server_features;
-		r.uptime_ms = (mono_ns() - s->start_ns) / 1000000u;
-		r.pid = (uint32_t)s->pid;
-		r.pid1 = s->pid1;
-		r.uid = (uint32_t)getuid();
-		r.gid = (uint32_t)getgid();
-		r.hostname = s->hostname;
-		r.boot_id = s->boot_id;
-		r.has_connections = r.has_streams = r.has_processes = r.has_mounts = 1;
-		r.connections = s->n_conns;
-		r.streams = s->n_streams;
-		r.processes = proc_running();
-		r.mounts = op_mount_count();
-		r.has_rss_bytes = j->rss != 0;
-		r.rss_bytes = j->rss;
-		r.has_load1 = r.has_load5 = r.has_load15 = j->have_load;
-		r.load1 = j->load[0];
-		r.load5 = j->load[1];
-		r.load15 = j->load[2];
-		r.has_max_connections = r.has_max_streams = r.has_workers = 1;
-		r.max_connections = s->cfg.max_connections;
-		r.max_streams = s->cfg.max_streams;
-		r.workers = worker_threads();
-		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-		res.kind_case = SHIM__V1__RESULT__KIND_INFO;
-		res.info = &r;
-		op_end(st, &res);
-	}
-	free(j);
-}
-
-int op_sys_info(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)req;
-	struct info_job *j = calloc(1, sizeof(*j));
-	if (j == NULL)
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	j->st = st;
-	j->work.run = info_run;
-	j->work.done = info_done;
-	st->ops = &info_ops;
-	st->op_data = j;
-	worker_submit(&j->work);
 	return 0;
 }
+
+static void info_done(struct op *op, int rc, const struct shim_err *err)
+{
+	(void)rc;
+	(void)err;
+	const struct info_sample *j = op->data;
+	struct server *s = op->st->conn->srv;
+	Shim__V1__InfoReply r = SHIM__V1__INFO_REPLY__INIT;
+	r.shim_version = (char *)SHIM_VERSION;
+	r.protocol_version = 1;
+	size_t nf = 0;
+	while (server_features[nf] != NULL)
+		nf++;
+	r.n_features = nf;
+	r.features = (char **)server_features;
+	r.uptime_ms = (mono_ns() - s->start_ns) / 1000000u;
+	r.pid = (uint32_t)s->pid;
+	r.pid1 = s->pid1;
+	r.uid = (uint32_t)getuid();
+	r.gid = (uint32_t)getgid();
+	r.hostname = s->hostname;
+	r.boot_id = s->boot_id;
+	r.has_connections = r.has_streams = r.has_processes = r.has_mounts = 1;
+	r.connections = s->n_conns;
+	r.streams = s->n_streams;
+	r.processes = proc_running();
+	r.mounts = op_mount_count();
+	r.has_rss_bytes = j->rss != 0;
+	r.rss_bytes = j->rss;
+	r.has_load1 = r.has_load5 = r.has_load15 = j->have_load;
+	r.load1 = j->load[0];
+	r.load5 = j->load[1];
+	r.load15 = j->load[2];
+	r.has_max_connections = r.has_max_streams = r.has_workers = 1;
+	r.max_connections = s->cfg.max_connections;
+	r.max_streams = s->cfg.max_streams;
+	r.workers = worker_threads();
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_INFO;
+	res.info = &r;
+	op_end(op, &res);
+}
+
+static void free_data(struct op *op)
+{
+	free(op->data);
+}
+
+const struct op_kind op_sys_info_kind = {
+	SHIM__V1__REQUEST__KIND_INFO, "info", 0, .start = info_start, .job = info_job, .job_done = info_done,
+	.release = free_data,
+};
 
 /* ---- echo ---- */
 
 /* What the client sent and we have not yet been able to send back. Never more than
  * the credit we granted (the initial window), so memory stays bounded. */
 struct echo {
-	uint8_t *buf;
-	size_t len, cap;
 	uint64_t total;
+	size_t len, cap;
 	bool fin;
+	uint8_t buf[];
 };
 
-static void echo_free(struct echo *e)
+static void echo_pump(struct op *op)
 {
-	free(e->buf);
-	free(e);
-}
-
-static void echo_pump(struct stream *st)
-{
-	struct echo *e = st->op_data;
+	struct echo *e = op->data;
+	struct stream *st = op->st;
 	size_t sent = 0;
 	while (sent < e->len) {
 		size_t n = stream_can_send(st);
@@ -156,14 +147,13 @@ static void echo_pump(struct stream *st)
 		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 		res.kind_case = SHIM__V1__RESULT__KIND_ECHO;
 		res.echo = &r;
-		echo_free(e);
-		op_end(st, &res);
+		op_end(op, &res);
 	}
 }
 
-static int echo_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+static int echo_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct echo *e = st->op_data;
+	struct echo *e = op->data;
 	if (e->len + len > e->cap) {
 		/* cannot happen with a client that keeps to its credit (checked by conn) */
 		return err_set(err, ENOBUFS, NULL, "echo buffer full");
@@ -171,30 +161,28 @@ static int echo_data(struct stream *st, const uint8_t *buf, size_t len, bool fin
 	memcpy(e->buf + e->len, buf, len);
 	e->len += len;
 	e->fin = fin;
-	echo_pump(st);
+	echo_pump(op);
 	return 0;
 }
 
-static void echo_cancel(struct stream *st)
+static int echo_start(struct op *op, struct shim_err *err)
 {
-	echo_free(st->op_data);
-}
-
-static const struct stream_ops echo_ops = {.data = echo_data, .writable = echo_pump, .cancel = echo_cancel};
-
-int op_sys_echo(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	(void)req;
-	struct echo *e = calloc(1, sizeof(*e));
+	size_t cap = op->st->recv_left;
+	struct echo *e = malloc(sizeof(*e) + (cap ? cap : 1));
 	if (e == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	e->cap = st->recv_left;
-	e->buf = malloc(e->cap ? e->cap : 1);
-	if (e->buf == NULL) {
-		free(e);
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
-	st->ops = &echo_ops;
-	st->op_data = e;
+	memset(e, 0, sizeof(*e));
+	e->cap = cap;
+	op->data = e;
 	return 0;
 }
+
+const struct op_kind op_sys_echo_kind = {
+	SHIM__V1__REQUEST__KIND_ECHO,
+	"echo",
+	OP_TAKES_DATA,
+	.start = echo_start,
+	.data = echo_data,
+	.writable = echo_pump,
+	.release = free_data,
+};

@@ -10,6 +10,7 @@
 #include "frame.h"
 #include "log.h"
 #include "netaddr.h"
+#include "op.h"
 #include "ops.h"
 #include "server.h"
 #include "util.h"
@@ -204,7 +205,7 @@ static void tc_check_done(struct tconn *tc)
 	res.kind_case = SHIM__V1__RESULT__KIND_TUNNEL_CONN;
 	res.tunnel_conn = &ce;
 	tc_free(tc);
-	op_end(st, &res);
+	op_end_stream(st, &res);
 }
 
 static void tc_cancel(struct stream *st)
@@ -869,7 +870,7 @@ int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shi
 		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 		res.kind_case = SHIM__V1__RESULT__KIND_DONE;
 		res.done = &d;
-		op_end(st, &res);
+		op_end_stream(st, &res);
 		return 0;
 	}
 	char peer[80];
@@ -910,7 +911,7 @@ int op_tunnel_list(struct stream *st, const Shim__V1__Request *req, struct shim_
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_TUNNELS;
 	res.tunnels = &tl;
-	op_end(st, &res);
+	op_end_stream(st, &res);
 	free(infos);
 	free(ptrs);
 	return 0;
@@ -933,12 +934,20 @@ int op_tunnel_close(struct stream *st, const Shim__V1__Request *req, struct shim
 	char peer[96];
 	snprintf(peer, sizeof(peer), "%s", owner->conn->peer);
 	ti.client = peer;
-	op_end(owner, &res);
+	op_end_stream(owner, &res);
 	free(t);
 	Shim__V1__Done d = SHIM__V1__DONE__INIT;
 	Shim__V1__Result done = SHIM__V1__RESULT__INIT;
 	done.kind_case = SHIM__V1__RESULT__KIND_DONE;
 	done.done = &d;
-	op_end(st, &done);
+	op_end_stream(st, &done);
 	return 0;
 }
+
+/* not moved onto struct op yet: each takes its stream over itself */
+const struct op_kind op_tunnel_listen_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen", 0, .legacy = op_tunnel_listen};
+const struct op_kind op_tunnel_forward_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward", 0, .legacy = op_tunnel_forward};
+const struct op_kind op_tunnel_connect_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT, "tunnel_connect", 0, .legacy = op_tunnel_connect};
+const struct op_kind op_tunnel_accept_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_ACCEPT, "tunnel_accept", 0, .legacy = op_tunnel_accept};
+const struct op_kind op_tunnel_list_kind = {SHIM__V1__REQUEST__KIND_TUNNELS, "tunnels", 0, .legacy = op_tunnel_list};
+const struct op_kind op_tunnel_close_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CLOSE, "tunnel_close", 0, .legacy = op_tunnel_close};

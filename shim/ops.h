@@ -1,5 +1,4 @@
-/* ops.h: the operation families' entry points, as the dispatch table sees them, and the
- * reply helpers they share (dispatch.c). */
+/* ops.h: the request kinds the operation families serve, as the dispatch table sees them. */
 #ifndef SHIM_OPS_H
 #define SHIM_OPS_H
 
@@ -7,47 +6,32 @@
 #include "shim.pb-c.h"
 
 struct stream;
+struct op_kind;
 
-/* A packed Result made on a worker thread, handed to the loop to send. */
-struct op_reply {
-	uint8_t *buf;
-	size_t len;
-};
-/* dispatch.c: pack res into reply (on the worker). -1 with err (ENOMEM). */
-int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err);
-/* Reply with Result.done. */
-int op_reply_done(struct op_reply *reply, struct shim_err *err);
-
-/* A blocking operation: runs whole on a worker thread, never on the loop. Returns 0
- * with reply packed, or -1 with err. If the client cancels meanwhile, the stream ends
- * with ECANCELED at once and the worker is interrupted (a blocking syscall gets
- * EINTR where the kernel allows it); the reply is then dropped. */
-typedef int (*op_blocking_fn)(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-
-/* Start the operation on st. Return 0 when the op has taken over the stream (it ends
- * it with stream_end/stream_fail, now or later), or -1 with err to fail it at once. */
-typedef int (*op_start_fn)(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+/* The request kinds, one struct op_kind each (op.h), in the files that serve them;
+ * dispatch.c's table lists them all. */
 
 /* op_sys.c */
-int op_sys_info(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_sys_echo(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
+extern const struct op_kind op_sys_info_kind, op_sys_echo_kind;
+/* op_fs.c: one-shot file operations (on workers); op_fs_copy.c */
+extern const struct op_kind op_fs_stat_kind, op_fs_mkdir_kind, op_fs_remove_kind, op_fs_rename_kind, op_fs_chmod_kind,
+	op_fs_chown_kind, op_fs_symlink_kind, op_fs_readlink_kind, op_fs_link_kind, op_fs_truncate_kind,
+	op_fs_set_times_kind, op_fs_realpath_kind, op_fs_statfs_kind, op_fs_copy_kind;
+/* op_fs_io.c, op_fs_list.c, op_fs_watch.c: streamed read and write, listings, watches */
+extern const struct op_kind op_fs_read_kind, op_fs_write_kind, op_fs_list_kind, op_fs_watch_kind;
+/* op_exec.c: commands (prepared on a worker; fork, pipes and the reaper on the loop);
+ * op_proc.c: requests about processes by id (on the loop) */
+extern const struct op_kind op_exec_kind, op_signal_kind, op_ps_kind, op_attach_kind, op_wait_kind, op_rmproc_kind,
+	op_resize_kind;
+/* op_backup.c: tar backups and restores (libarchive, on job threads) */
+extern const struct op_kind op_backup_kind, op_restore_kind;
+/* op_mount.c: S3 bucket mounts through rclone (the loop side; blocking steps on workers) */
+extern const struct op_kind op_mount_kind, op_mounts_kind, op_unmount_kind;
+/* op_tunnel.c: TCP tunnels (non-blocking sockets on the loop) */
+extern const struct op_kind op_tunnel_listen_kind, op_tunnel_forward_kind, op_tunnel_connect_kind,
+	op_tunnel_accept_kind, op_tunnel_list_kind, op_tunnel_close_kind;
 
-/* op_fs.c: one-shot file operations (blocking, on workers) */
-int op_fs_stat(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_mkdir(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_remove(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_rename(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_chmod(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_chown(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_symlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_readlink(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_link(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_truncate(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_set_times(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_realpath(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-int op_fs_statfs(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
-/* op_fs_copy.c */
-int op_fs_copy(const Shim__V1__Request *req, struct op_reply *reply, struct shim_err *err);
+/* ---- families not moved onto struct op yet: start functions that take the stream ---- */
 
 /* op_fs_io.c: streamed read and write */
 /* Special files (op_fs_io.c): "a FIFO", "a socket", "a character device", "a block
@@ -88,8 +72,5 @@ int op_tunnel_close(struct stream *st, const Shim__V1__Request *req, struct shim
 int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-
-/* dispatch.c: end st with END carrying result (packed there). */
-void op_end(struct stream *st, const Shim__V1__Result *result);
 
 #endif
