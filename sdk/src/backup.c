@@ -159,7 +159,7 @@ static Shim__V1__Result *wait_end(struct call *k, int kind, const char *path, ui
 		}
 		if (sbx__call_done(k))
 			return end_result(k, kind, path, err);
-		if (sbx__call_wait(k, deadline, tok, err) < 0)
+		if (sbx__call_wait_for(k, SBX__WAIT_NEXT, deadline, tok, err) < 0)
 			return NULL;
 	}
 }
@@ -269,7 +269,7 @@ SBX_API int sbx_backup(struct sbx_client *c, const struct sbx_call_opts *opts, c
 		if (it == NULL) {
 			if (sbx__call_done(k))
 				break;
-			rc = sbx__call_wait(k, deadline, tok, err);
+			rc = sbx__call_wait_for(k, SBX__WAIT_NEXT, deadline, tok, err);
 			continue;
 		}
 		if (it->type == FRAME_EVENT) {
@@ -595,14 +595,6 @@ static int restore_opts_copy(const struct sbx_restore_opts *ro, struct sbx_resto
 	return 0;
 }
 
-static int64_t credit_of(struct call *k)
-{
-	pthread_mutex_lock(&k->client->mu);
-	int64_t v = k->send_credit;
-	pthread_mutex_unlock(&k->client->mu);
-	return v;
-}
-
 SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
 			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
 			struct sbx_restore_result *res, struct sbx_error *err)
@@ -670,9 +662,9 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 			rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, dir, "cancelled");
 			break;
 		}
-		int64_t credit = credit_of(k);
+		int64_t credit = sbx__call_credit(k);
 		if (credit <= 0) {
-			rc = sbx__call_wait_io(k, true, deadline, tok, err);
+			rc = sbx__call_wait_for(k, SBX__WAIT_FRAME | SBX__WAIT_CREDIT, deadline, tok, err);
 			continue;
 		}
 		size_t n = (uint64_t)credit < chunk_max ? (size_t)credit : chunk_max;

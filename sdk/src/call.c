@@ -236,19 +236,26 @@ static void token_attach(struct sbx_cancel *tok, struct sbx_client *c)
 	pthread_mutex_unlock(&tok->mu);
 }
 
-/* Wait with mu held until cond(k) or failure. Takes the reader role when free. */
-static int wait_until(struct call *k, bool (*cond)(const struct call *), uint64_t deadline, struct sbx_cancel *tok,
-		      struct sbx_error *err)
+/* Whether what the caller waits for (a set of SBX__WAIT_ bits) is there. */
+static bool wait_over(const struct call *k, unsigned what)
+{
+	return ((what & SBX__WAIT_FRAME) && k->rx_head != NULL) || ((what & SBX__WAIT_CREDIT) && k->send_credit > 0) ||
+	       ((what & SBX__WAIT_SHARED) && k->abandoned);
+}
+
+/* Wait with mu held until wait_over(k, what): 0; 1 when the call ended (or the connection
+ * died) first; ECANCELED or ETIMEDOUT. Takes the reader role when free. */
+static int wait_until(struct call *k, unsigned what, uint64_t deadline, struct sbx_cancel *tok)
 {
 	struct sbx_client *c = k->client;
-	while (!cond(k)) {
+	while (!wait_over(k, what)) {
 		if (k->done || c->dead)
-			return 1; /* caller inspects k->err */
+			return 1;
 		if (token_fired(tok))
-			return sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
+			return ECANCELED;
 		uint64_t now = sbx__now_ns();
 		if (now >= deadline)
-			return sbx__fail(err, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out waiting for the shim");
+			return ETIMEDOUT;
 		if (!c->reading) {
 			sbx__reader_turn(c, sbx__poll_ms(deadline));
 		} else {
@@ -264,104 +271,58 @@ static int wait_until(struct call *k, bool (*cond)(const struct call *), uint64_
 	return 0;
 }
 
-static bool has_rx(const struct call *k)
-{
-	return k->rx_head != NULL;
-}
-
-static bool has_credit(const struct call *k)
-{
-	return k->send_credit > 0;
-}
-
-/* Common tail of the waits: a failed wait abandons the call (CANCEL goes out). */
-static int finish_wait(struct call *k, int rc)
+int sbx__call_wait_for(struct call *k, unsigned what, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
 {
 	struct sbx_client *c = k->client;
-	if (rc < 0) {
-		bool send_cancel = !k->done && k->id != 0 && !c->dead;
-		sbx__call_abandon_locked(k);
-		pthread_mutex_unlock(&c->mu);
-		if (send_cancel)
-			sbx__send(c, k->id, FRAME_CANCEL, 0, NULL, 0, sbx__deadline_after(2000), NULL);
-		return -1;
-	}
-	pthread_mutex_unlock(&c->mu);
-	return 0;
-}
-
-int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
-{
-	struct sbx_client *c = k->client;
+	bool shared = what & SBX__WAIT_SHARED;
+	bool keep = false; /* a failed wait that leaves the call alive */
+	int rc = 0;
 	token_attach(tok, c);
 	pthread_mutex_lock(&c->mu);
-	int rc = wait_until(k, has_rx, deadline, tok, err);
-	if (rc == 1) {
-		rc = 0;
-		if (k->rx_head == NULL && k->err.kind != SBX_ERR_NONE) {
+	switch (wait_until(k, what, deadline, tok)) {
+	case 0:
+		if (shared && k->abandoned) {
+			/* another thread gave up on the call (cancel token, failed wait) */
+			rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
+			keep = true;
+		}
+		break;
+	case 1:
+		if ((what & (SBX__WAIT_END_ERR | SBX__WAIT_END_FAILS)) && k->err.kind != SBX_ERR_NONE) {
 			sbx__copy_error(err, &k->err);
 			rc = -1;
+		} else if (what & SBX__WAIT_END_FAILS) {
+			/* the stream ended while we wanted to send */
+			rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim ended the stream early");
 		}
-	}
-	rc = finish_wait(k, rc);
-	token_attach(tok, NULL);
-	return rc;
-}
-
-static bool has_rx_or_credit(const struct call *k)
-{
-	return k->rx_head != NULL || k->send_credit > 0;
-}
-
-int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
-		      struct sbx_error *err)
-{
-	struct sbx_client *c = k->client;
-	token_attach(tok, c);
-	pthread_mutex_lock(&c->mu);
-	int rc = wait_until(k, want_credit ? has_rx_or_credit : has_rx, deadline, tok, err);
-	if (rc == 1)
-		rc = 0; /* done: the caller sees it through sbx__call_done() */
-	rc = finish_wait(k, rc);
-	token_attach(tok, NULL);
-	return rc;
-}
-
-static bool has_rx_or_gone(const struct call *k)
-{
-	return k->rx_head != NULL || k->abandoned;
-}
-
-static bool has_credit_or_gone(const struct call *k)
-{
-	return k->send_credit > 0 || k->abandoned;
-}
-
-int sbx__call_wait_keep(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
-			struct sbx_error *err)
-{
-	struct sbx_client *c = k->client;
-	struct sbx_error e;
-	token_attach(tok, c);
-	pthread_mutex_lock(&c->mu);
-	int rc = wait_until(k, want_credit ? has_credit_or_gone : has_rx_or_gone, deadline, tok, &e);
-	if (rc == 1)
-		rc = 0; /* done: the caller sees it through sbx__call_done() */
-	if (rc == 0 && k->abandoned) {
-		/* another thread gave up on the call (cancel token, failed wait) */
-		pthread_mutex_unlock(&c->mu);
+		break; /* else the caller sees the end through sbx__call_done() */
+	case ECANCELED:
 		rc = sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, NULL, "cancelled");
-	} else if (rc < 0 && e.code == ETIMEDOUT) {
-		/* the call stays alive: the caller may wait again */
-		pthread_mutex_unlock(&c->mu);
-		sbx__copy_error(err, &e);
-	} else {
-		if (rc < 0)
-			sbx__copy_error(err, &e);
-		rc = finish_wait(k, rc);
+		break;
+	default:
+		rc = sbx__fail(err, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out waiting for the shim");
+		keep = shared; /* the caller may wait again */
+		break;
 	}
+	/* a failed wait abandons the call (CANCEL goes out) */
+	bool send_cancel = false;
+	if (rc < 0 && !keep) {
+		send_cancel = !k->done && k->id != 0 && !c->dead;
+		sbx__call_abandon_locked(k);
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (send_cancel)
+		sbx__send(c, k->id, FRAME_CANCEL, 0, NULL, 0, sbx__deadline_after(2000), NULL);
 	token_attach(tok, NULL);
 	return rc;
+}
+
+int64_t sbx__call_credit(struct call *k)
+{
+	pthread_mutex_lock(&k->client->mu);
+	int64_t credit = k->send_credit;
+	pthread_mutex_unlock(&k->client->mu);
+	return credit;
 }
 
 bool sbx__call_done(struct call *k)
@@ -370,27 +331,6 @@ bool sbx__call_done(struct call *k)
 	bool done = k->done && k->rx_head == NULL;
 	pthread_mutex_unlock(&k->client->mu);
 	return done;
-}
-
-int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
-{
-	struct sbx_client *c = k->client;
-	token_attach(tok, c);
-	pthread_mutex_lock(&c->mu);
-	int rc = wait_until(k, has_credit, deadline, tok, err);
-	if (rc == 1) {
-		/* the stream ended while we wanted to send */
-		if (k->err.kind != SBX_ERR_NONE) {
-			sbx__copy_error(err, &k->err);
-			rc = -1;
-		} else {
-			rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "the shim ended the stream early");
-		}
-	}
-	int64_t credit = k->send_credit;
-	rc = finish_wait(k, rc);
-	token_attach(tok, NULL);
-	return rc < 0 ? -1 : credit;
 }
 
 struct rx_item *sbx__call_pop(struct call *k)
@@ -529,7 +469,7 @@ struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *r
 Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err)
 {
 	for (;;) {
-		if (sbx__call_wait(k, deadline, tok, err) < 0)
+		if (sbx__call_wait_for(k, SBX__WAIT_NEXT, deadline, tok, err) < 0)
 			return NULL;
 		struct rx_item *it = sbx__call_pop(k);
 		if (it == NULL)

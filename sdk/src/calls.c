@@ -27,7 +27,7 @@ SBX_API int sbx_ping(struct sbx_client *c, const struct sbx_call_opts *opts, uin
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
 	int rc = send_ping(k, deadline, err);
 	if (rc == 0)
-		rc = sbx__call_wait(k, deadline, opts ? opts->cancel : NULL, err);
+		rc = sbx__call_wait_for(k, SBX__WAIT_NEXT, deadline, opts ? opts->cancel : NULL, err);
 	if (rc == 0 && k->err.kind != SBX_ERR_NONE)
 		rc = -1, sbx__copy_error(err, &k->err);
 	if (rc == 0 && rtt_ns != NULL)
@@ -188,7 +188,8 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 					rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "echo stream ended early");
 				break;
 			}
-			rc = sbx__call_wait_io(k, !fin_sent, deadline, tok, err);
+			rc = sbx__call_wait_for(k, SBX__WAIT_FRAME | (fin_sent ? 0 : SBX__WAIT_CREDIT), deadline, tok,
+						err);
 			continue;
 		}
 		if (it->type == FRAME_DATA) {

@@ -66,7 +66,7 @@ SBX_API int sbx_read_file_ex(struct sbx_client *c, const struct sbx_call_opts *o
 		if (it == NULL) {
 			if (sbx__call_done(k))
 				break;
-			rc = sbx__call_wait(k, deadline, tok, err);
+			rc = sbx__call_wait_for(k, SBX__WAIT_NEXT, deadline, tok, err);
 			continue;
 		}
 		if (it->type == FRAME_DATA)
@@ -200,11 +200,11 @@ static int write_stream(struct sbx_client *c, const struct sbx_call_opts *opts, 
 		/* the shim may have refused already (EEXIST, ENOSPC...): stop sending */
 		if (sbx__call_done(k))
 			break;
-		int64_t credit = sbx__call_wait_credit(k, deadline, tok, err);
-		if (credit < 0) {
+		if (sbx__call_wait_for(k, SBX__WAIT_CREDIT | SBX__WAIT_END_FAILS, deadline, tok, err) < 0) {
 			rc = -1;
 			break;
 		}
+		int64_t credit = sbx__call_credit(k);
 		size_t n = (uint64_t)credit < chunk_max ? (size_t)credit : chunk_max;
 		const uint8_t *p;
 		bool fin;

@@ -101,7 +101,7 @@ static int read_messages(struct call *k, uint64_t deadline, struct sbx_cancel *t
 	int rc = 0;
 	*stopped = false;
 	for (;;) {
-		if (sbx__call_wait(k, deadline, tok, err) < 0) {
+		if (sbx__call_wait_for(k, SBX__WAIT_NEXT, deadline, tok, err) < 0) {
 			rc = -1;
 			break;
 		}

@@ -162,20 +162,30 @@ int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags
 	      uint64_t deadline, struct sbx_error *err);
 /* Take the call's stream id and send its REQUEST, atomically. */
 int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err);
-/* Wait until the call has a frame queued or is done. Returns 0, or -1 with err on
- * timeout, cancel or a dead connection (the call is then abandoned and CANCEL sent). */
-int sbx__call_wait(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
-/* Wait until a frame is queued, the call is done, or (want_credit) DATA credit is
- * available. 0 or -1 as sbx__call_wait. */
-int sbx__call_wait_io(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
-		      struct sbx_error *err);
-/* Like sbx__call_wait_io, for calls that several threads may wait on at once (a
- * process's stdin writer and its output reader): waits for a frame or (want_credit)
- * for credit only; 0 also when the call is done. A timeout fails only this wait and
- * leaves the call alive; a fired token abandons it (CANCEL goes out); a call that
- * another thread abandoned fails with ECANCELED. */
-int sbx__call_wait_keep(struct call *k, bool want_credit, uint64_t deadline, struct sbx_cancel *tok,
-			struct sbx_error *err);
+/* What sbx__call_wait_for() waits for. The call's end (END or ERROR, or the connection
+ * died) always ends the wait too: it returns 0 then (the caller sees the end through
+ * sbx__call_done()) unless END_ERR or END_FAILS say otherwise. */
+enum {
+	SBX__WAIT_FRAME = 1u << 0,  /* a frame is queued for the call */
+	SBX__WAIT_CREDIT = 1u << 1, /* the shim granted credit to send DATA */
+	/* an end with an error fails the wait with the call's error */
+	SBX__WAIT_END_ERR = 1u << 2,
+	/* any end fails the wait: the call's error, else EPROTO "the shim ended the stream early" */
+	SBX__WAIT_END_FAILS = 1u << 3,
+	/* for calls that several threads may wait on at once (a process's stdin writer and
+	 * its output reader): a timeout fails only this wait and leaves the call alive, and
+	 * a call that another thread abandoned fails the wait with ECANCELED */
+	SBX__WAIT_SHARED = 1u << 4,
+	/* the next frame, or the end: failing with its error if it has one */
+	SBX__WAIT_NEXT = SBX__WAIT_FRAME | SBX__WAIT_END_ERR,
+};
+/* Wait until what (SBX__WAIT_ bits) is there or the call ends. Returns 0, or -1 with err
+ * on timeout (ETIMEDOUT), a fired token (ECANCELED) or an end the bits make a failure (a
+ * dead connection ends every call with its error); the call is then abandoned and CANCEL
+ * sent, except when a SHARED wait timed out or found the call abandoned. */
+int sbx__call_wait_for(struct call *k, unsigned what, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
+/* The call's credit to send DATA (after a wait for SBX__WAIT_CREDIT: above 0). */
+int64_t sbx__call_credit(struct call *k);
 /* Ended (END or ERROR, or the connection died) with nothing left queued. */
 bool sbx__call_done(struct call *k);
 /* Take the next queued frame (caller frees it); NULL if none. */
@@ -199,8 +209,6 @@ struct sbx__download {
  * credit back. 0, or -1 with err set (path names what is read). */
 int sbx__download_data(struct call *k, struct sbx__download *d, const struct rx_item *it, uint64_t deadline,
 		       const char *path, struct sbx_error *err);
-/* Wait until the shim has granted credit to send DATA; returns the credit. */
-int64_t sbx__call_wait_credit(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
 /* Forget the call; sends CANCEL first if it is not done. */
 void sbx__call_free(struct call *k);
 /* Background relays (tunnel.c). A relay registers an eventfd that is written whenever

@@ -446,7 +446,8 @@ SBX_API int sbx_run(struct sbx_client *c, const struct sbx_call_opts *opts, cons
 					continue;
 				}
 			}
-			rc = sbx__call_wait_io(k, !fin_sent, deadline, tok, err);
+			rc = sbx__call_wait_for(k, SBX__WAIT_FRAME | (fin_sent ? 0 : SBX__WAIT_CREDIT), deadline, tok,
+						err);
 			continue;
 		}
 		if (it->type == FRAME_DATA && !fin_got) {
@@ -521,7 +522,8 @@ static int proc_wait_io(struct sbx_proc *p, bool want_credit, uint64_t deadline,
 		if (slice > deadline)
 			slice = deadline;
 		struct sbx_error e;
-		if (sbx__call_wait_keep(p->k, want_credit, slice, p->opts.cancel, &e) == 0)
+		unsigned what = SBX__WAIT_SHARED | (want_credit ? SBX__WAIT_CREDIT : SBX__WAIT_FRAME);
+		if (sbx__call_wait_for(p->k, what, slice, p->opts.cancel, &e) == 0)
 			return 0;
 		if (e.kind == SBX_ERR_LOCAL && e.code == ETIMEDOUT && slice < deadline)
 			continue;
@@ -572,7 +574,7 @@ static int proc_first(struct sbx_proc *p, uint64_t deadline, struct sbx_error *e
 				}
 				return 0;
 			}
-			if (sbx__call_wait(p->k, deadline, p->opts.cancel, err) < 0)
+			if (sbx__call_wait_for(p->k, SBX__WAIT_NEXT, deadline, p->opts.cancel, err) < 0)
 				return -1;
 			continue;
 		}

@@ -724,7 +724,7 @@ static int tunnel_start(struct sbx_tunnel *t, const Shim__V1__Request *req, stru
 	t->tk = sbx__start_request(c, req, deadline, err);
 	if (t->tk == NULL)
 		return -1;
-	if (sbx__call_wait(t->tk, deadline, NULL, err) < 0)
+	if (sbx__call_wait_for(t->tk, SBX__WAIT_NEXT, deadline, NULL, err) < 0)
 		return -1;
 	struct rx_item *it = sbx__call_pop(t->tk);
 	if (it == NULL) {
