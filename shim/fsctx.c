@@ -231,6 +231,27 @@ static const char *who(const struct fs_ctx *ctx, char *buf, size_t size)
 	return buf;
 }
 
+/* The calling thread's groups, fsgid and fsuid to ctx's: 0, or the errno with *stage the
+ * step that did not take (setfsuid and setfsgid say nothing: their effect is checked). */
+static int switch_ids(const struct fs_ctx *ctx, const char **stage)
+{
+	if (ctx->set_groups && syscall(SYS_setgroups, (size_t)ctx->ngroups, ctx->groups) < 0) {
+		*stage = "setgroups";
+		return errno;
+	}
+	syscall(SYS_setfsgid, ctx->gid);
+	if ((gid_t)syscall(SYS_setfsgid, (gid_t)-1) != ctx->gid) {
+		*stage = "setfsgid";
+		return EPERM;
+	}
+	syscall(SYS_setfsuid, ctx->uid);
+	if ((uid_t)syscall(SYS_setfsuid, (uid_t)-1) != ctx->uid) {
+		*stage = "setfsuid";
+		return EPERM;
+	}
+	return 0;
+}
+
 int fs_ctx_enter(const struct fs_ctx *ctx, struct shim_err *err)
 {
 	if (ctx->pending) {
@@ -245,35 +266,21 @@ int fs_ctx_enter(const struct fs_ctx *ctx, struct shim_err *err)
 	if (!ctx->as_user)
 		return 0;
 	own_load();
-	char buf[32];
-	const char *stage = NULL;
-	int e = EPERM;
 	cur_as_user = true; /* from here on restore_ids() undoes what took */
 	cur_groups = ctx->set_groups;
-	if (ctx->set_groups && syscall(SYS_setgroups, (size_t)ctx->ngroups, ctx->groups) < 0) {
-		e = errno;
-		stage = "setgroups";
-		goto fail;
-	}
-	syscall(SYS_setfsgid, ctx->gid);
-	if ((gid_t)syscall(SYS_setfsgid, (gid_t)-1) != ctx->gid) {
-		stage = "setfsgid";
-		goto fail;
-	}
-	syscall(SYS_setfsuid, ctx->uid);
-	if ((uid_t)syscall(SYS_setfsuid, (uid_t)-1) != ctx->uid) {
-		stage = "setfsuid";
-		goto fail;
+	const char *stage;
+	int e = switch_ids(ctx, &stage);
+	if (e != 0) {
+		restore_ids();
+		cur_resolve = 0;
+		char buf[32];
+		return err_set(err, e == EINVAL ? EINVAL : EPERM, NULL, "cannot act as user %s: %s did not take: %s",
+			       who(ctx, buf, sizeof(buf)), stage, strerror(e));
 	}
 	cur_uid = ctx->uid;
 	cur_gid = ctx->gid;
 	cur_ctx = *ctx;
 	return 0;
-fail:
-	restore_ids();
-	cur_resolve = 0;
-	return err_set(err, e == EINVAL ? EINVAL : EPERM, NULL, "cannot act as user %s: %s did not take: %s",
-		       who(ctx, buf, sizeof(buf)), stage, strerror(e));
 }
 
 void fs_ctx_leave(void)

@@ -251,20 +251,20 @@ struct journal_entry *journal_add(const char *path, struct shim_err *err)
 	return e;
 }
 
-static struct journal_entry *add_entry(const char *path, struct shim_err *err)
+/* Undo entry_create's file after a later step failed: -1. */
+static int entry_unmake(int dfd, struct journal_entry *e)
 {
-	int dfd = journal_dir(err);
-	if (dfd < 0)
-		return NULL;
-	size_t plen = strlen(path);
-	struct journal_entry *e = malloc(sizeof(*e) + plen + 2);
-	if (e == NULL) {
-		err_set(err, ENOMEM, NULL, "out of memory");
-		return NULL;
-	}
-	memcpy(e->path, path, plen);
-	e->path[plen] = '\n';
-	e->path[plen + 1] = '\0';
+	unlinkat(dfd, e->name, 0);
+	close(e->fd);
+	e->fd = -1;
+	return -1;
+}
+
+/* A new entry file for e in dfd: a fresh random name, created, locked, and still linked
+ * (a sweep may remove an empty entry before we lock it). 0, or -1 with err and nothing
+ * left behind. */
+static int entry_create(int dfd, struct journal_entry *e, struct shim_err *err)
+{
 	for (int tries = 0;; tries++) {
 		uint8_t r[8];
 		random_bytes(r, sizeof(r));
@@ -274,32 +274,48 @@ static struct journal_entry *add_entry(const char *path, struct shim_err *err)
 		if (e->fd < 0) {
 			if (errno == EEXIST && tries < 10)
 				continue;
-			err_set(err, errno, jr.dir, "create a journal entry in %s", jr.dir);
-			goto fail;
+			return err_set(err, errno, jr.dir, "create a journal entry in %s", jr.dir);
 		}
 		if (flock(e->fd, LOCK_EX) < 0) {
 			err_set(err, errno, jr.dir, "lock a journal entry in %s", jr.dir);
-			goto fail_entry;
+			return entry_unmake(dfd, e);
 		}
 		/* A sweep that got to the entry between its creation and our lock has
 		 * removed it (it was empty, so it looked abandoned): start again. */
 		struct stat st;
 		if (fstat(e->fd, &st) < 0) {
 			err_set(err, errno, jr.dir, "stat a journal entry in %s", jr.dir);
-			goto fail_entry;
+			return entry_unmake(dfd, e);
 		}
 		if (st.st_nlink > 0)
-			break;
+			return 0;
 		close(e->fd);
-		if (tries >= 10) {
-			err_set(err, EAGAIN, jr.dir, "journal entries keep disappearing in %s", jr.dir);
-			goto fail;
-		}
+		if (tries >= 10)
+			return err_set(err, EAGAIN, jr.dir, "journal entries keep disappearing in %s", jr.dir);
 	}
+}
+
+static struct journal_entry *add_entry(const char *path, struct shim_err *err)
+{
+	int dfd = journal_dir(err);
+	if (dfd < 0)
+		return NULL;
+	size_t plen = strlen(path);
+	struct journal_entry cleanup_free *e = malloc(sizeof(*e) + plen + 2);
+	if (e == NULL) {
+		err_set(err, ENOMEM, NULL, "out of memory");
+		return NULL;
+	}
+	memcpy(e->path, path, plen);
+	e->path[plen] = '\n';
+	e->path[plen + 1] = '\0';
+	if (entry_create(dfd, e, err) < 0)
+		return NULL;
 	ssize_t w = write(e->fd, e->path, plen + 1);
 	if (w != (ssize_t)plen + 1) {
 		err_set(err, w < 0 ? errno : ENOSPC, jr.dir, "write a journal entry in %s", jr.dir);
-		goto fail_entry;
+		entry_unmake(dfd, e);
+		return NULL;
 	}
 	e->path[plen] = '\0';
 	pthread_mutex_lock(&jr.mu);
@@ -309,13 +325,7 @@ static struct journal_entry *add_entry(const char *path, struct shim_err *err)
 		jr.live->prev = e;
 	jr.live = e;
 	pthread_mutex_unlock(&jr.mu);
-	return e;
-fail_entry:
-	unlinkat(dfd, e->name, 0);
-	close(e->fd);
-fail:
-	free(e);
-	return NULL;
+	return steal_ptr(e);
 }
 
 void journal_remove(struct journal_entry *e)

@@ -341,11 +341,53 @@ static void temp_name(char out[64])
 		o += snprintf(out + o, 64 - (size_t)o, "%02x", r[i]);
 }
 
+/* A copy being built under a temporary name in dfd: removed when it goes out of scope
+ * unless it was published (leave nothing behind; the first error is the one reported). */
+struct copy_temp {
+	int dfd;
+	bool dir, made, published;
+	const char *dpath;
+	char name[64];
+};
+
+static void copy_temp_drop(struct copy_temp *t)
+{
+	if (!t->made || t->published)
+		return;
+	if (t->dir) {
+		struct shim_err ignored;
+		op_fs_remove_tree(t->dfd, t->name, false, t->dpath, &ignored);
+	} else {
+		unlinkat(t->dfd, t->name, 0);
+	}
+}
+#define cleanup_copy_temp __attribute__((cleanup(copy_temp_drop)))
+
+static void copy_ctx_done(struct copy_ctx *c)
+{
+	free(c->rwbuf);
+}
+#define cleanup_copy_ctx __attribute__((cleanup(copy_ctx_done)))
+
+/* t->name onto dname: 0 or an errno. A filesystem without RENAME_NOREPLACE: check, then
+ * a plain rename. */
+static int copy_publish(const struct copy_temp *t, const char *dname, unsigned flags)
+{
+	if (renameat2(t->dfd, t->name, t->dfd, dname, flags) == 0)
+		return 0;
+	if (errno != EINVAL || !(flags & RENAME_NOREPLACE))
+		return errno;
+	struct stat dst;
+	if (fstatat(t->dfd, dname, &dst, AT_SYMLINK_NOFOLLOW) == 0)
+		return EEXIST;
+	return renameat(t->dfd, t->name, t->dfd, dname) == 0 ? 0 : errno;
+}
+
 int op_fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st, int ddfd, const char *dname,
 		     unsigned rename_flags, struct fs_copy_stats *stats, const char *spath, const char *dpath,
 		     struct shim_err *err)
 {
-	struct copy_ctx c = {
+	struct copy_ctx cleanup_copy_ctx c = {
 		.stats = stats,
 		.spath = spath,
 		.dpath = dpath,
@@ -355,63 +397,33 @@ int op_fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st
 		.owners = fs_ctx_uid() == 0,
 		.via_link = sfd >= 0,
 	};
-	bool dir = S_ISDIR(st->st_mode);
-	char tmp[64];
-	temp_name(tmp);
-	int rc = -1;
-	if (dir) {
+	struct copy_temp cleanup_copy_temp t = {.dfd = ddfd, .dir = S_ISDIR(st->st_mode), .dpath = dpath};
+	temp_name(t.name);
+	if (t.dir) {
 		if (check_not_below(&c, ddfd, st) < 0)
 			return -1;
-		if (mkdirat(ddfd, tmp, 0700) < 0)
+		if (mkdirat(ddfd, t.name, 0700) < 0)
 			return err_set(err, errno, dpath, "mkdir");
+		t.made = true;
 		stats->entries++;
-		if (copy_tree(&c, sdfd, sname, st, ddfd, tmp) < 0)
-			goto fail;
+		if (copy_tree(&c, sdfd, sname, st, ddfd, t.name) < 0)
+			return -1;
 		/* the tree must be on disk before its name is (syncfs needs an fd
 		 * that is not O_PATH: ddfd is) */
-		int sync_fd = openat(ddfd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (sync_fd < 0 || syncfs(sync_fd) < 0) {
-			err_set(err, errno, dpath, "syncfs");
-			if (sync_fd >= 0)
-				close(sync_fd);
-			goto fail;
-		}
-		close(sync_fd);
-	} else if (sfd >= 0) {
-		if (copy_file(&c, sfd, ddfd, tmp, true) < 0)
-			goto fail;
-	} else if (copy_node(&c, sdfd, sname, st, ddfd, tmp, true) < 0) {
-		goto fail;
-	}
-	if (renameat2(ddfd, tmp, ddfd, dname, rename_flags) < 0) {
-		int e = errno;
-		/* a filesystem without RENAME_NOREPLACE: check, then plain rename */
-		struct stat dst;
-		if (e == EINVAL && (rename_flags & RENAME_NOREPLACE)) {
-			if (fstatat(ddfd, dname, &dst, AT_SYMLINK_NOFOLLOW) == 0)
-				e = EEXIST;
-			else if (renameat(ddfd, tmp, ddfd, dname) == 0)
-				goto done;
-			else
-				e = errno;
-		}
-		err_set(err, e, dpath, "rename");
-		goto fail;
-	}
-done:
-	rc = 0;
-	goto out;
-fail:
-	/* leave nothing behind; the first error is the one reported */
-	if (dir) {
-		struct shim_err ignored;
-		op_fs_remove_tree(ddfd, tmp, false, dpath, &ignored);
+		int cleanup_close sync_fd = openat(ddfd, t.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (sync_fd < 0 || syncfs(sync_fd) < 0)
+			return err_set(err, errno, dpath, "syncfs");
 	} else {
-		unlinkat(ddfd, tmp, 0);
+		t.made = true;
+		if (sfd >= 0 ? copy_file(&c, sfd, ddfd, t.name, true) < 0 :
+			       copy_node(&c, sdfd, sname, st, ddfd, t.name, true) < 0)
+			return -1;
 	}
-out:
-	free(c.rwbuf);
-	return rc;
+	int e = copy_publish(&t, dname, rename_flags);
+	if (e != 0)
+		return err_set(err, e, dpath, "rename");
+	t.published = true;
+	return 0;
 }
 
 /* ---- the copy request ---- */

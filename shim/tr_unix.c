@@ -93,9 +93,48 @@ static int make_private_dir(int pfd, const char *base, const char *path, char *n
 	return err_set(err, EEXIST, path, "cannot find a free name for a private directory beside the socket");
 }
 
+/* The socket bound as tfd/s (the private directory tname inside pfd), its mode and group
+ * set there, listening, then renamed onto base: the listening fd, or -1 with err. The
+ * caller removes the private directory whatever happened. */
+static int bind_and_publish(struct server *s, int pfd, int tfd, const char *dir, const char *tname, const char *base,
+			    const char *path, ino_t *ino, struct shim_err *err)
+{
+	/* bound through /proc/self/fd (short, whatever the path's length), else by name */
+	struct sockaddr_un tmp;
+	char bpath[sizeof(tmp.sun_path) + 300];
+	snprintf(bpath, sizeof(bpath), "/proc/self/fd/%d/s", tfd);
+	struct shim_err e2;
+	if (fill_addr(bpath, &tmp, &e2) < 0)
+		return err_set(err, e2.code, path, "%s", e2.msg);
+	int cleanup_close fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return err_set(err, errno, path, "socket");
+	if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0) {
+		int e = errno;
+		snprintf(bpath, sizeof(bpath), "%s/%s/s", dir, tname);
+		if (e != ENOENT || fill_addr(bpath, &tmp, &e2) < 0 ||
+		    bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0)
+			return err_set(err, e != ENOENT ? e : errno, path, "bind");
+	}
+	mode_t mode = s->cfg.socket_mode != 0 ? s->cfg.socket_mode : 0600;
+	if (fchmodat(tfd, "s", mode, 0) < 0)
+		return err_set(err, errno, path, "chmod");
+	if (s->cfg.socket_gid != (gid_t)-1 && fchownat(tfd, "s", (uid_t)-1, s->cfg.socket_gid, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, path, "chown to group %u", (unsigned)s->cfg.socket_gid);
+	struct stat st;
+	if (fstatat(tfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, path, "stat the new socket");
+	*ino = st.st_ino;
+	if (listen(fd, 512) < 0)
+		return err_set(err, errno, path, "listen");
+	if (renameat(tfd, "s", pfd, base) < 0)
+		return err_set(err, errno, path, "rename the new socket onto the path");
+	return steal_fd(fd);
+}
+
 int tr_unix_listen(struct server *s, const char *path, ino_t *ino, struct shim_err *err)
 {
-	struct sockaddr_un sa, tmp;
+	struct sockaddr_un sa;
 	if (fill_addr(path, &sa, err) < 0)
 		return -1;
 	const char *slash = strrchr(path, '/');
@@ -127,57 +166,11 @@ int tr_unix_listen(struct server *s, const char *path, ino_t *ino, struct shim_e
 	int cleanup_close tfd = make_private_dir(pfd, base, path, tname, sizeof(tname), err);
 	if (tfd < 0)
 		return -1;
-	/* bound through /proc/self/fd (short, whatever the path's length), else by name */
-	char bpath[sizeof(tmp.sun_path) + 300];
-	snprintf(bpath, sizeof(bpath), "/proc/self/fd/%d/s", tfd);
-	struct shim_err e2;
-	if (fill_addr(bpath, &tmp, &e2) < 0)
-		return err_set(err, e2.code, path, "%s", e2.msg);
-
-	int rc = -1;
-	int cleanup_close fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0) {
-		err_set(err, errno, path, "socket");
-		goto out;
-	}
-	if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0) {
-		int e = errno;
-		snprintf(bpath, sizeof(bpath), "%s/%s/s", dir, tname);
-		if (e != ENOENT || fill_addr(bpath, &tmp, &e2) < 0 ||
-		    bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0) {
-			err_set(err, e != ENOENT ? e : errno, path, "bind");
-			goto out;
-		}
-	}
-	mode_t mode = s->cfg.socket_mode != 0 ? s->cfg.socket_mode : 0600;
-	if (fchmodat(tfd, "s", mode, 0) < 0) {
-		err_set(err, errno, path, "chmod");
-		goto out;
-	}
-	if (s->cfg.socket_gid != (gid_t)-1 &&
-	    fchownat(tfd, "s", (uid_t)-1, s->cfg.socket_gid, AT_SYMLINK_NOFOLLOW) < 0) {
-		err_set(err, errno, path, "chown to group %u", (unsigned)s->cfg.socket_gid);
-		goto out;
-	}
-	if (fstatat(tfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0) {
-		err_set(err, errno, path, "stat the new socket");
-		goto out;
-	}
-	*ino = st.st_ino;
-	if (listen(fd, 512) < 0) {
-		err_set(err, errno, path, "listen");
-		goto out;
-	}
-	if (renameat(tfd, "s", pfd, base) < 0) {
-		err_set(err, errno, path, "rename the new socket onto the path");
-		goto out;
-	}
-	rc = steal_fd(fd);
-out:
+	int fd = bind_and_publish(s, pfd, tfd, dir, tname, base, path, ino, err);
 	unlinkat(tfd, "s", 0);
-	if (unlinkat(pfd, tname, AT_REMOVEDIR) < 0 && rc >= 0)
+	if (unlinkat(pfd, tname, AT_REMOVEDIR) < 0 && fd >= 0)
 		log_warn("%s: cannot remove the private directory %s: %s", path, tname, strerror(errno));
-	return rc;
+	return fd;
 }
 
 int tr_unix_check_peer(struct server *s, int fd, char *peer, size_t peer_size, struct shim_err *err)
