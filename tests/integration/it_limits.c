@@ -521,21 +521,42 @@ static int case_handshake_tcp(void)
 	return 0;
 }
 
-/* Bad --max-pending values are refused with a clear message. */
-static int case_max_pending_bad(void)
+/* Bad numbers for the daemon's count options are refused at start, each with its own
+ * range in the message and exit status 2; a value at the top of the range starts. */
+static int case_numbers_bad(void)
 {
-	static const char *const bad[] = {"0", "-1", "x", ""};
-	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		const char *argv[] = {SHIM_BIN,        "--listen", it_unix_target(it_path("s")),
-				      "--max-pending", bad[i],     NULL};
-		struct it_daemon *d = it_daemon_spawn_argv("bad", argv);
-		CHECK(it_daemon_wait_exit(d, 5000));
-		CHECK(WIFEXITED(d->status) && WEXITSTATUS(d->status) == 2);
-		char want[80];
-		snprintf(want, sizeof(want), "bad --max-pending '%s' (want 1..1000000)", bad[i]);
-		char *log = it_daemon_log(d);
-		CHECKF(strstr(log, want) != NULL, "log: %s", log);
-		free(log);
+	static const struct {
+		const char *opt, *range, *above;
+	} opts[] = {
+		{"--max-pending", "1..1000000", "1000001"}, {"--max-connections", "1..1000000", "1000001"},
+		{"--max-streams", "1..1000000", "1000001"}, {"--workers", "1..256", "257"},
+		{"--max-jobs", "1..1024", "1025"},
+	};
+	for (size_t o = 0; o < sizeof(opts) / sizeof(opts[0]); o++) {
+		/* (the harness keeps 32 daemons a case: "" and "1x" for one option) */
+		const char *bad[] = {"0", "-1", "x", opts[o].above, o == 4 ? "" : NULL, o == 4 ? "1x" : NULL};
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]) && bad[i] != NULL; i++) {
+			const char *argv[] = {SHIM_BIN,    "--listen", it_unix_target(it_path("s")),
+					      opts[o].opt, bad[i],     NULL};
+			struct it_daemon *d = it_daemon_spawn_argv("bad", argv);
+			CHECK(it_daemon_wait_exit(d, 5000));
+			CHECKF(WIFEXITED(d->status) && WEXITSTATUS(d->status) == 2, "%s '%s': status %d", opts[o].opt,
+			       bad[i], d->status);
+			char want[96];
+			snprintf(want, sizeof(want), "bad %s '%s' (want %s)", opts[o].opt, bad[i], opts[o].range);
+			char *log = it_daemon_log(d);
+			CHECKF(strstr(log, want) != NULL, "log: %s", log);
+			free(log);
+		}
+		/* the top of the range is taken */
+		const char *top = strstr(opts[o].range, "..") + 2;
+		struct it_daemon *d =
+			it_daemon_start("top", "--listen", it_unix_target(it_path("top")), opts[o].opt, top, NULL);
+		struct sbx_client *c = it_connect(it_unix_target(it_path("top")), NULL);
+		struct sbx_error err;
+		CHECK_SBX(sbx_ping(c, NULL, NULL, &err), &err);
+		sbx_client_close(c);
+		it_daemon_stop(d);
 	}
 	return 0;
 }
@@ -551,7 +572,7 @@ int main(int argc, char **argv)
 		{"strangers", case_strangers},
 		{"unix_burst", case_unix_burst},
 		{"handshake_tcp", case_handshake_tcp},
-		{"max_pending_bad", case_max_pending_bad},
+		{"numbers_bad", case_numbers_bad},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
