@@ -14,10 +14,7 @@
 
 #include "err.h"
 #include "fs.h"
-#include "fsctx.h"
-#include "worker.h"
-
-struct stream;
+#include "op.h"
 
 /* A job that runs whole on one thread of its own (libarchive is synchronous; not a
  * pool thread: it waits for the client while its stream has no credit or no data) and
@@ -25,9 +22,10 @@ struct stream;
  * under mu, and it wakes the loop with async. At most --max-jobs run at once; the
  * others wait in a queue on the loop, holding no thread (op_backup.c). */
 struct backup_job {
-	struct stream *st; /* NULL once the stream has gone (cancel, disconnect) */
+	/* on its thread (op_submit_own); job.op is the request: its stream, and the
+	 * identity (op->fsx) the job's helper thread enters too */
+	struct op_job job;
 	struct ev_loop *loop;
-	struct work work;
 	ev_async async; /* worker -> loop: bytes ready, credit to give back */
 	ev_timer timer; /* progress events */
 	pthread_mutex_t mu;
@@ -39,11 +37,9 @@ struct backup_job {
 	struct backup_job *qnext;        /* the queue of waiting jobs */
 	uint64_t items, bytes;           /* progress, written by the worker (atomics) */
 	uint64_t sent_items, sent_bytes; /* what the last EVENT said */
-	int rc;
+	/* the first error of the job's threads (backup_write_run, restore_run): run()
+	 * hands it on in job.err */
 	struct shim_err err;
-	/* the request's identity and resolve flags (fsctx.h): the job's worker and its
-	 * helper thread act as it */
-	struct fs_ctx fsx;
 };
 
 /* The default --max-jobs: backups and restores running at once, each on a thread of

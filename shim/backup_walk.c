@@ -658,7 +658,7 @@ static void *walk_main(void *arg)
 	pthread_setname_np(pthread_self(), "backup-walk"); /* top -H, perf */
 	/* the walk's syscalls as the request's identity (the job's worker entered it:
 	 * it took there, so it takes here) */
-	int rc = fs_ctx_enter(&w->b->j.fsx, &w->err);
+	int rc = fs_ctx_enter(&w->b->j.job.op->fsx, &w->err);
 	if (rc < 0)
 		w->err_set = true;
 	/* DIR itself first, as "./" */

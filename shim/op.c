@@ -18,12 +18,23 @@ static void op_free(struct op *op)
 	free(op);
 }
 
+static void job_link(struct op *op, struct op_job *job);
+
 /* The one place an op goes: its stream gone, no job in flight, nobody holding it, and
- * no hook of it on the stack. */
+ * no hook of it on the stack — after its last job, if it has one. */
 static void op_maybe_free(struct op *op)
 {
-	if (op->st == NULL && op->jobs == NULL && op->refs == 0 && op->depth == 0)
-		op_free(op);
+	if (op->st != NULL || op->jobs != NULL || op->refs != 0 || op->depth != 0)
+		return;
+	struct op_job *last = op->at_end;
+	if (last != NULL) {
+		op->at_end = NULL;
+		job_link(op, last);
+		last->last = true;
+		worker_submit(&last->work);
+		return;
+	}
+	op_free(op);
 }
 
 /* ---- the stream's hooks ---- */
@@ -96,11 +107,15 @@ static void job_run(struct work *w)
 	struct op_job *job = container_of(w, struct op_job, work);
 	struct op *op = job->op;
 	job->rc = 0;
-	/* the request's identity and resolve flags for every syscall of the job */
-	if ((op->kind->flags & OP_FS) && fs_ctx_begin(&op->fsx, &job->err) < 0)
+	/* the request's identity and resolve flags for every syscall of the job; the last
+	 * job tidies up all the same, as the shim, when the identity does not take */
+	if ((op->kind->flags & OP_FS) && fs_ctx_begin(&op->fsx, &job->err) < 0) {
 		job->rc = -1;
-	else
-		job->run(job);
+		fs_ctx_leave();
+		if (!job->last)
+			return;
+	}
+	job->run(job);
 	if (op->kind->flags & OP_FS)
 		fs_ctx_leave();
 }
@@ -110,7 +125,7 @@ static void job_done(struct work *w)
 	struct op_job *job = container_of(w, struct op_job, work);
 	struct op *op = job->op;
 	job_unlink(op, job);
-	if (op->st != NULL && job->done != NULL) {
+	if ((op->st != NULL || job->last) && job->done != NULL) {
 		op->depth++;
 		job->done(job);
 		op->depth--;
@@ -122,6 +137,7 @@ static void job_link(struct op *op, struct op_job *job)
 {
 	job->op = op;
 	job->rc = 0;
+	job->last = false;
 	job->work.run = job_run;
 	job->work.done = job_done;
 	job->next = op->jobs;
@@ -149,7 +165,13 @@ int op_submit_own(struct op *op, struct op_job *job)
 void op_interrupt(struct op *op)
 {
 	for (struct op_job *j = op->jobs; j != NULL; j = j->next)
-		worker_interrupt(&j->work);
+		if (!j->last)
+			worker_interrupt(&j->work);
+}
+
+void op_at_end(struct op *op, struct op_job *job)
+{
+	op->at_end = job;
 }
 
 /* the main job: kind->job, its rc and err kept in the op */

@@ -32,7 +32,8 @@ struct op_reply {
  * file identity entered when the kind has OP_FS), done() back on the loop — only while
  * the stream lives: once it is gone the job's result is dropped and release() tidies.
  * The op is not freed while a job is submitted, and every job of an op whose stream
- * goes is interrupted (worker_interrupt). */
+ * goes is interrupted (worker_interrupt). An op's first job runs alone: it settles the
+ * identity (fs_ctx_settle) for the jobs after it. */
 struct op_job {
 	struct work work;
 	struct op *op;
@@ -41,6 +42,7 @@ struct op_job {
 	int rc;              /* run()'s outcome for done(): 0, or -1 with err */
 	struct shim_err err; /* (also when the identity could not be entered: run skipped) */
 	struct op_job *next; /* the op's jobs in flight */
+	bool last;           /* op_at_end()'s */
 };
 
 enum op_flags {
@@ -84,6 +86,7 @@ struct op {
 	struct op_job job;      /* the main job (kind->job) */
 	struct op_reply reply;  /* a one-shot's Result */
 	struct op_job *jobs;    /* in flight */
+	struct op_job *at_end;  /* op_at_end()'s, not submitted yet */
 	unsigned refs;          /* op_hold() */
 	unsigned depth;         /* inside a hook: not freed until it returns */
 };
@@ -100,6 +103,13 @@ void op_submit(struct op *op, struct op_job *job);
 int op_submit_own(struct op *op, struct op_job *job);
 /* Interrupt every job of the op in flight (worker_interrupt). */
 void op_interrupt(struct op *op);
+/* The op's last job, for what must happen off the loop however the op ends (a file
+ * closed on what may be a hung mount, a cancelled write's temp file removed): run on a
+ * worker once the stream is gone and no other job of the op is in flight, as the
+ * request's identity with OP_FS (the shim's, should that not take), never interrupted;
+ * its done() always runs, then
+ * release(). One per op: a later call replaces one not started yet. */
+void op_at_end(struct op *op, struct op_job *job);
 
 /* Something outside the op's stream and jobs keeps it (a process's owner pointer, a
  * timer): the op lives until op_put(). */

@@ -16,7 +16,7 @@
 
 /*
  * Each backup or restore is ONE job for its whole life, on a thread of its own
- * (worker_run_own: not a pool worker, so a job stalled on credit holds none; at most
+ * (op_submit_own: not a pool worker, so a job stalled on credit holds none; at most
  * --max-jobs run, later ones wait queued on the loop): libarchive is synchronous, so
  * the archive writer (or the archive reader and the extractor) runs on that thread
  * from start to end, with one helper thread of the job's own: a
@@ -44,10 +44,11 @@
  * walk is slow in a region of small files, sending and the client are behind in one
  * of big files, and the hashing goes to whoever is idle.
  *
- * Cancel, disconnect and shutdown set a flag under the mutex and wake the worker;
- * it notices in its next callback or between entries, cleans up (temp files, temp
- * directories) and returns; done() then frees. Progress events go out from a timer,
- * at most PROGRESS_INTERVAL apart, when the counts have moved.
+ * Cancel, disconnect and shutdown set a flag under the mutex and wake the worker
+ * (and op.c interrupts its syscall); it notices in its next callback or between
+ * entries, cleans up (temp files, temp directories) and returns; the op is freed
+ * then (release). Progress events go out from a timer, at most PROGRESS_INTERVAL
+ * apart, when the counts have moved.
  */
 
 #define PROGRESS_INTERVAL 0.25
@@ -97,9 +98,10 @@ static void progress_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop;
 	(void)revents;
 	struct backup_job *j = container_of(w, struct backup_job, timer);
+	struct stream *st = j->job.op->st;
 	uint64_t items = __atomic_load_n(&j->items, __ATOMIC_RELAXED);
 	uint64_t bytes = __atomic_load_n(&j->bytes, __ATOMIC_RELAXED);
-	if (j->st == NULL || (items == j->sent_items && bytes == j->sent_bytes))
+	if (st == NULL || (items == j->sent_items && bytes == j->sent_bytes))
 		return;
 	j->sent_items = items;
 	j->sent_bytes = bytes;
@@ -112,10 +114,8 @@ static void progress_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	ev.progress = &p;
 	uint8_t buf[64];
 	size_t n = shim__v1__event__pack(&ev, buf); /* two varints: well below 64 bytes */
-	conn_send(j->st->conn, j->st->id, FRAME_EVENT, 0, buf, n);
+	conn_send(st->conn, st->id, FRAME_EVENT, 0, buf, n);
 }
-
-static void bjob_stop(struct backup_job *j);
 
 /* Jobs on their threads, and the queue of those waiting for one of --max-jobs. */
 static unsigned jobs_threads;
@@ -126,11 +126,11 @@ static unsigned max_jobs(void)
 	return srv != NULL && srv->cfg.max_jobs > 0 ? srv->cfg.max_jobs : BACKUP_JOB_DEFAULT_MAX;
 }
 
-/* Start j on a thread of its own: 0, or -1 with j->err set (EAGAIN). */
-static int bjob_launch(struct backup_job *j)
+/* Start j on a thread of its own: 0, or -1 with err set (EAGAIN). */
+static int bjob_launch(struct backup_job *j, struct shim_err *err)
 {
-	if (worker_run_own(&j->work) < 0)
-		return err_set(&j->err, EAGAIN, NULL, "cannot start a thread for the job: %s", strerror(errno));
+	if (op_submit_own(j->job.op, &j->job) < 0)
+		return err_set(err, EAGAIN, NULL, "cannot start a thread for the job: %s", strerror(errno));
 	j->running = true;
 	jobs_threads++;
 	return 0;
@@ -149,34 +149,32 @@ static void bjob_release(struct backup_job *j)
 		if (queue_head == NULL)
 			queue_tail = &queue_head;
 		n->queued = false;
-		if (bjob_launch(n) < 0) {
-			n->rc = -1;
-			n->work.done(&n->work); /* fails the stream, frees the job */
+		if (bjob_launch(n, &n->job.err) < 0) {
+			/* its done() fails the stream: the op goes at op_put() */
+			struct op *op = n->job.op;
+			op_hold(op);
+			n->job.rc = -1;
+			n->job.done(&n->job);
+			op_put(op);
 		}
 	}
 }
 
-static int bjob_start(struct backup_job *j, struct stream *st, void (*async_cb)(struct ev_loop *, ev_async *, int),
-		      work_fn run, work_fn done, struct shim_err *err)
+static int bjob_start(struct op *op, struct backup_job *j, void (*async_cb)(struct ev_loop *, ev_async *, int),
+		      void (*run)(struct op_job *), void (*done)(struct op_job *), struct shim_err *err)
 {
-	j->st = st;
-	j->loop = st->conn->srv->loop;
+	j->job.op = op; /* (op_submit_own sets it too) for the queue and the watchers */
+	j->loop = op->st->conn->srv->loop;
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	ev_async_init(&j->async, async_cb);
 	ev_async_start(j->loop, &j->async);
 	ev_timer_init(&j->timer, progress_cb, PROGRESS_INTERVAL, PROGRESS_INTERVAL);
 	ev_timer_start(j->loop, &j->timer);
-	j->work.run = run;
-	j->work.done = done;
-	if (jobs_threads < max_jobs() && queue_head == NULL) {
-		if (bjob_launch(j) < 0) {
-			*err = j->err;
-			bjob_stop(j);
-			return -1;
-		}
-		return 0;
-	}
+	j->job.run = run;
+	j->job.done = done;
+	if (jobs_threads < max_jobs() && queue_head == NULL)
+		return bjob_launch(j, err);
 	/* every slot taken: wait on the loop, holding no thread */
 	j->queued = true;
 	j->qnext = NULL;
@@ -185,27 +183,15 @@ static int bjob_start(struct backup_job *j, struct stream *st, void (*async_cb)(
 	return 0;
 }
 
-/* The loop is done with the job's watchers (its run() has returned). */
-static void bjob_stop(struct backup_job *j)
+/* The stream is going away: tell the job's threads, which clean up and return (op.c
+ * interrupts the job too: a read stuck on a hung filesystem gets EINTR). */
+static void bjob_cancel(struct backup_job *j)
 {
-	ev_async_stop(j->loop, &j->async);
-	ev_timer_stop(j->loop, &j->timer);
-	pthread_mutex_destroy(&j->mu);
-	pthread_cond_destroy(&j->cv);
-}
-
-/* The stream is going away: tell the worker, which cleans up and returns. Returns
- * true when run() has already returned (the caller frees now; no done() follows). */
-static bool bjob_cancel(struct backup_job *j)
-{
-	j->st = NULL;
 	ev_timer_stop(j->loop, &j->timer);
 	pthread_mutex_lock(&j->mu);
 	__atomic_store_n(&j->cancelled, true, __ATOMIC_RELEASE);
 	pthread_cond_broadcast(&j->cv);
 	pthread_mutex_unlock(&j->mu);
-	if (j->finished)
-		return true;
 	if (j->queued) {
 		/* never started: out of the queue, and nothing to wait for */
 		struct backup_job **pp = &queue_head;
@@ -215,11 +201,19 @@ static bool bjob_cancel(struct backup_job *j)
 		if (queue_tail == &j->qnext)
 			queue_tail = pp;
 		j->queued = false;
-		return true;
 	}
-	/* a read stuck on a hung filesystem gets EINTR */
-	worker_interrupt(&j->work);
-	return false;
+}
+
+/* The op is going: its job's thread has returned (or it never had one). */
+static void bjob_end(struct backup_job *j)
+{
+	if (j->loop == NULL)
+		return; /* the request failed before bjob_start */
+	ev_async_stop(j->loop, &j->async);
+	ev_timer_stop(j->loop, &j->timer);
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+	bjob_release(j);
 }
 
 /* ================================ backup ================================ */
@@ -347,22 +341,22 @@ int op_backup_output_flush(struct backup *b)
 	return bk_hand_over(b, false);
 }
 
-static void bk_pump(struct stream *st);
+static void bk_pump(struct op *op);
 
-static void bk_run_work(struct work *w)
+/* On the job's thread, as the request's identity (OP_FS) */
+static void bk_run(struct op_job *job)
 {
-	struct backup *b = container_of(w, struct backup, j.work);
-	if (fs_ctx_begin(&b->j.fsx, &b->j.err) < 0)
-		b->j.rc = -1;
-	else
-		b->j.rc = backup_write_run(b);
-	fs_ctx_leave();
+	struct backup *b = job->op->data;
+	job->rc = backup_write_run(b);
+	if (job->rc < 0)
+		job->err = b->j.err;
 }
 
 /* Pack the record into a Result that fits in one frame of the connection: the lists
  * of paths are cut short if need be (their totals say how many there were). */
-static void bk_reply(struct backup *b, struct stream *st)
+static void bk_reply(struct op *op)
 {
+	struct backup *b = op->data;
 	Shim__V1__BackupRecord r = SHIM__V1__BACKUP_RECORD__INIT;
 	r.id = b->id;
 	r.dir.data = (uint8_t *)b->dir.abs;
@@ -389,7 +383,7 @@ static void bk_reply(struct backup *b, struct stream *st)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_BACKUP;
 	res.backup = &r;
-	size_t budget = st->conn->max_frame;
+	size_t budget = op->st->conn->max_frame;
 	size_t used = shim__v1__result__get_packed_size(&res) + 32;
 	for (size_t i = 0; i < nsk; i++) {
 		size_t len = strlen(b->skipped.v[i]);
@@ -407,44 +401,36 @@ static void bk_reply(struct backup *b, struct stream *st)
 	}
 	r.skipped = sk;
 	r.changed = ch;
-	op_end_stream(st, &res);
+	op_end(op, &res);
 	free(sk);
 }
 
 /* Loop: the job is over and every byte it produced has been sent. */
-static void bk_finish(struct backup *b)
+static void bk_finish(struct op *op)
 {
-	struct stream *st = b->j.st;
-	b->j.st = NULL;
-	bjob_stop(&b->j);
-	if (b->j.rc < 0) {
-		stream_fail(st, &b->j.err);
-	} else {
-		if (!b->has_to) {
-			op_backup_sha_hex(&b->sha, b->sha_hex);
-			stream_send_data(st, NULL, 0, true);
-		}
-		bk_reply(b, st);
+	struct backup *b = op->data;
+	if (b->j.job.rc < 0) {
+		op_fail(op, &b->j.job.err);
+		return;
 	}
-	bk_free(b);
+	if (!b->has_to) {
+		op_backup_sha_hex(&b->sha, b->sha_hex);
+		stream_send_data(op->st, NULL, 0, true);
+	}
+	bk_reply(op);
 }
 
-static void bk_done(struct work *w)
+static void bk_done(struct op_job *job)
 {
-	struct backup *b = container_of(w, struct backup, j.work);
+	struct backup *b = job->op->data;
 	b->j.finished = true;
 	bjob_release(&b->j);
-	if (b->j.st == NULL) {
-		bjob_stop(&b->j);
-		bk_free(b);
-		return;
-	}
-	if (b->j.rc < 0) {
+	if (job->rc < 0) {
 		/* what is still queued would only be a partial archive */
-		bk_finish(b);
+		bk_finish(job->op);
 		return;
 	}
-	bk_pump(b->j.st);
+	bk_pump(job->op);
 }
 
 /* Loop: send the ready buffers in order, within credit. False when the connection
@@ -490,12 +476,12 @@ static bool bk_send_ready(struct stream *st, struct backup *b)
 
 /* Loop: send what is ready; with nothing (more) to send, hash what is ready, a step
  * at a time with a look for more output in between. */
-static void bk_pump(struct stream *st)
+static void bk_pump(struct op *op)
 {
-	struct backup *b = st->op_data;
+	struct backup *b = op->data;
 	struct backup_job *j = &b->j;
 	for (;;) {
-		if (!bk_send_ready(st, b))
+		if (!bk_send_ready(op->st, b))
 			return;
 		pthread_mutex_lock(&j->mu);
 		bool hashed = bk_hash_step(b, false);
@@ -505,7 +491,7 @@ static void bk_pump(struct stream *st)
 	}
 	/* once run() has returned nobody else hashes: all of it is sent and hashed now */
 	if (j->finished)
-		bk_finish(b);
+		bk_finish(op);
 }
 
 static void bk_async_cb(struct ev_loop *loop, ev_async *w, int revents)
@@ -513,33 +499,37 @@ static void bk_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 	(void)loop;
 	(void)revents;
 	struct backup *b = container_of(w, struct backup, j.async);
-	if (b->j.st != NULL)
-		bk_pump(b->j.st);
+	struct op *op = b->j.job.op;
+	if (op->st == NULL)
+		return;
+	op_hold(op); /* (not a hook of it) kept until bk_pump has returned */
+	bk_pump(op);
+	op_put(op);
 }
 
-static void bk_cancel(struct stream *st)
+static void backup_cancel(struct op *op)
 {
-	struct backup *b = st->op_data;
-	if (bjob_cancel(&b->j)) {
-		bjob_stop(&b->j);
-		bk_free(b);
-	}
+	struct backup *b = op->data;
+	bjob_cancel(&b->j);
 }
 
-static const struct stream_ops bk_ops = {.writable = bk_pump, .cancel = bk_cancel};
-
-static void bk_freep(struct backup **b)
+static void backup_release(struct op *op)
 {
-	if (*b != NULL)
-		bk_free(*b);
+	struct backup *b = op->data;
+	if (b == NULL)
+		return;
+	bjob_end(&b->j);
+	bk_free(b);
 }
 
-int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int backup_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__BackupRequest *q = req->backup;
-	struct backup *b __attribute__((cleanup(bk_freep))) = calloc(1, sizeof(*b));
+	struct stream *st = op->st;
+	const Shim__V1__BackupRequest *q = op->req->backup;
+	struct backup *b = calloc(1, sizeof(*b));
 	if (b == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
+	op->data = b; /* from here on freed by backup_release */
 	if (fs_path_get(&q->dir, &b->dir, err) < 0)
 		return -1;
 	b->dir_len = b->dir.len;
@@ -607,21 +597,11 @@ int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 		if (b->buf[i].data == NULL)
 			return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	if (fs_ctx_defer(req->fs, &b->j.fsx, err) < 0)
-		return -1;
 	b->buf[0].state = BKB_FILLING;
 	sha256_init(&b->sha);
-	st->ops = &bk_ops;
-	st->op_data = b;
 	b->counted = true;
 	jobs_running++;
-	if (bjob_start(&b->j, st, bk_async_cb, bk_run_work, bk_done, err) < 0) {
-		st->ops = NULL;
-		st->op_data = NULL;
-		return -1;
-	}
-	b = NULL; /* the job owns it now */
-	return 0;
+	return bjob_start(op, &b->j, bk_async_cb, bk_run, bk_done, err);
 }
 
 /* ================================ restore ================================ */
@@ -632,7 +612,7 @@ static void rs_free(struct restore_job *r)
 		jobs_running--;
 	if (r->ring != NULL) {
 		budget_free(r->ring, r->cap);
-		budget_give(r->cap); /* op_restore's stream_reserve() */
+		budget_give(r->cap); /* restore_start's stream_reserve() */
 	}
 	free(r);
 }
@@ -765,10 +745,12 @@ void op_backup_restore_unpin(struct restore_job *r, uint64_t end)
 	}
 }
 
-static int rs_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+static int restore_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct restore_job *r = st->op_data;
+	struct restore_job *r = op->data;
 	struct backup_job *j = &r->j;
+	if (r->has_from) /* the archive is read from the file */
+		return err_set(err, EINVAL, NULL, "this request takes no data");
 	pthread_mutex_lock(&j->mu);
 	/* the connection checks the credit, and the ring is as large as all credit */
 	size_t room = r->cap - r->len, tail = (r->head + r->len) % r->cap;
@@ -803,70 +785,63 @@ static void rs_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 	size_t g = r->to_grant;
 	r->to_grant = 0;
 	pthread_mutex_unlock(&r->j.mu);
-	if (r->j.st != NULL && g > 0)
-		stream_grant(r->j.st, (uint32_t)g);
+	struct stream *st = r->j.job.op->st;
+	if (st != NULL && g > 0)
+		stream_grant(st, (uint32_t)g);
 }
 
-static void rs_run_work(struct work *w)
+/* On the job's thread, as the request's identity (OP_FS) */
+static void rs_run(struct op_job *job)
 {
-	struct restore_job *r = container_of(w, struct restore_job, j.work);
-	if (fs_ctx_begin(&r->j.fsx, &r->j.err) < 0)
-		r->j.rc = -1;
-	else
-		r->j.rc = restore_run(r);
-	fs_ctx_leave();
+	struct restore_job *r = job->op->data;
+	job->rc = restore_run(r);
+	if (job->rc < 0)
+		job->err = r->j.err;
 }
 
-static void rs_done(struct work *w)
+static void rs_done(struct op_job *job)
 {
-	struct restore_job *r = container_of(w, struct restore_job, j.work);
-	struct stream *st = r->j.st;
+	struct op *op = job->op;
+	struct restore_job *r = op->data;
 	r->j.finished = true;
 	bjob_release(&r->j);
-	r->j.st = NULL;
-	bjob_stop(&r->j);
-	if (st != NULL) {
-		if (r->j.rc < 0) {
-			stream_fail(st, &r->j.err);
-		} else {
-			Shim__V1__RestoreReply rr = SHIM__V1__RESTORE_REPLY__INIT;
-			rr.bytes = r->stream_bytes;
-			rr.entries = r->entries;
-			rr.sha256 = r->sha_hex;
-			Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-			res.kind_case = SHIM__V1__RESULT__KIND_RESTORE;
-			res.restore = &rr;
-			op_end_stream(st, &res);
-		}
+	if (job->rc < 0) {
+		op_fail(op, &job->err);
+		return;
 	}
+	Shim__V1__RestoreReply rr = SHIM__V1__RESTORE_REPLY__INIT;
+	rr.bytes = r->stream_bytes;
+	rr.entries = r->entries;
+	rr.sha256 = r->sha_hex;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_RESTORE;
+	res.restore = &rr;
+	op_end(op, &res);
+}
+
+static void restore_cancel(struct op *op)
+{
+	struct restore_job *r = op->data;
+	bjob_cancel(&r->j);
+}
+
+static void restore_release(struct op *op)
+{
+	struct restore_job *r = op->data;
+	if (r == NULL)
+		return;
+	bjob_end(&r->j);
 	rs_free(r);
 }
 
-static void rs_cancel(struct stream *st)
+static int restore_start(struct op *op, struct shim_err *err)
 {
-	struct restore_job *r = st->op_data;
-	if (bjob_cancel(&r->j)) {
-		bjob_stop(&r->j);
-		rs_free(r);
-	}
-}
-
-static const struct stream_ops rs_ops = {.data = rs_data, .cancel = rs_cancel};
-/* from_path: the archive is read from the file; DATA from the client is an error */
-static const struct stream_ops rs_file_ops = {.cancel = rs_cancel};
-
-static void rs_freep(struct restore_job **r)
-{
-	if (*r != NULL)
-		rs_free(*r);
-}
-
-int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	const Shim__V1__RestoreRequest *q = req->restore;
-	struct restore_job *r __attribute__((cleanup(rs_freep))) = calloc(1, sizeof(*r));
+	struct stream *st = op->st;
+	const Shim__V1__RestoreRequest *q = op->req->restore;
+	struct restore_job *r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
+	op->data = r; /* from here on freed by restore_release */
 	if (fs_path_get(&q->dir, &r->dir, err) < 0)
 		return -1;
 	if (q->has_mode && q->mode != SHIM__V1__RESTORE_MODE__RESTORE_REPLACE &&
@@ -917,22 +892,27 @@ int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 		if (r->cap > st->recv_left)
 			stream_grant(st, (uint32_t)(r->cap - st->recv_left));
 	}
-	if (fs_ctx_defer(req->fs, &r->j.fsx, err) < 0)
-		return -1;
 	sha256_init(&r->sha);
-	st->ops = r->has_from ? &rs_file_ops : &rs_ops;
-	st->op_data = r;
 	r->counted = true;
 	jobs_running++;
-	if (bjob_start(&r->j, st, rs_async_cb, rs_run_work, rs_done, err) < 0) {
-		st->ops = NULL;
-		st->op_data = NULL;
-		return -1;
-	}
-	r = NULL; /* the job owns it now */
-	return 0;
+	return bjob_start(op, &r->j, rs_async_cb, rs_run, rs_done, err);
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_backup_kind = {SHIM__V1__REQUEST__KIND_BACKUP, "backup", 0, .legacy = op_backup};
-const struct op_kind op_restore_kind = {SHIM__V1__REQUEST__KIND_RESTORE, "restore", 0, .legacy = op_restore};
+const struct op_kind op_backup_kind = {
+	SHIM__V1__REQUEST__KIND_BACKUP,
+	"backup",
+	OP_FS,
+	.start = backup_start,
+	.writable = bk_pump,
+	.cancel = backup_cancel,
+	.release = backup_release,
+};
+const struct op_kind op_restore_kind = {
+	SHIM__V1__REQUEST__KIND_RESTORE,
+	"restore",
+	OP_FS | OP_TAKES_DATA,
+	.start = restore_start,
+	.data = restore_data,
+	.cancel = restore_cancel,
+	.release = restore_release,
+};

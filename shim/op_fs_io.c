@@ -76,37 +76,26 @@ int op_fs_io_refuse_special(struct shim_err *err, const char *path, unsigned m, 
 
 enum { RB_IDLE, RB_BUSY, RB_READY };
 
-struct rd;
-
 struct rd_buf {
-	struct work work;
-	struct rd *r;
-	uint8_t *data; /* NULL when idle without memory */
-	size_t cap;    /* bytes of data (held from the budget) */
-	uint64_t off;  /* file offset of data[0] */
-	size_t want;   /* bytes asked for */
-	size_t len;    /* bytes read */
-	size_t sent;   /* bytes of data already queued as DATA */
-	int err;       /* errno of a failed read, or 0 */
+	struct op_job job; /* fills it */
+	uint8_t *data;     /* NULL when idle without memory */
+	size_t cap;        /* bytes of data (held from the budget) */
+	uint64_t off;      /* file offset of data[0] */
+	size_t want;       /* bytes asked for */
+	size_t len;        /* bytes read */
+	size_t sent;       /* bytes of data already queued as DATA */
+	int err;           /* errno of a failed read, or 0 */
 	int state;
 };
 
 struct rd {
-	struct stream *st; /* NULL once the stream has ended (or was cancelled) */
+	struct op *op;
 	struct fs_path p;
-	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
-	struct work work;  /* open, and at the end close */
-	struct shim_err err;
-	int rc;
+	struct op_job close; /* the op's last job: the fd closed on a worker */
 	int fd;
 	bool seekable;
-	bool allow_special; /* the request allows FIFOs, sockets and devices */
 	bool on_loop;       /* a FIFO, a socket or a character device: read on the loop, non-blocking */
 	bool sparse;        /* a regular file with fewer blocks than its size: look for holes */
-	bool opening;       /* the open job is in flight */
-	bool stop;          /* submit nothing more */
-	bool closing;       /* the close job is on its way: free when it is back */
-	unsigned busy;      /* jobs in flight */
 	uint64_t next, end; /* next offset to ask for; where to stop (saturated) */
 	uint64_t size;      /* a regular file's size at the open (SIZE_UNKNOWN: read to a short read) */
 	uint64_t sent;
@@ -119,8 +108,7 @@ struct rd {
 	bool woke; /* the FIFO was readable once: a writer has come (before, read says EOF) */
 };
 
-static void rd_release(struct rd *r);
-static void rd_pump(struct stream *st);
+static void rd_pump(struct rd *r);
 
 /* The buffer's memory goes back: to the stream's hold while the stream lives. */
 static void rd_buf_drop(struct rd *r, struct rd_buf *b)
@@ -128,8 +116,8 @@ static void rd_buf_drop(struct rd *r, struct rd_buf *b)
 	if (b->data == NULL)
 		return;
 	budget_free(b->data, b->cap);
-	if (r->st != NULL)
-		stream_unhold(r->st, b->cap);
+	if (r->op->st != NULL)
+		stream_unhold(r->op->st, b->cap);
 	else
 		budget_give(b->cap);
 	b->data = NULL;
@@ -138,45 +126,30 @@ static void rd_buf_drop(struct rd *r, struct rd_buf *b)
 
 static void rd_free(struct rd *r)
 {
-	for (unsigned i = 0; i < READ_NBUF; i++)
-		rd_buf_drop(r, &r->b[i]);
 	free(r);
-	budget_give(sizeof(*r)); /* op_fs_read's stream_reserve() */
+	budget_give(sizeof(*r)); /* read_start's stream_reserve() */
 }
 
-static void rd_close_run(struct work *w)
+/* The fd is closed on a worker like every other file call (a close on a hung FUSE
+ * mount holds a thread, not the loop), once no buffer job uses it. */
+static void rd_close_run(struct op_job *j)
 {
-	struct rd *r = container_of(w, struct rd, work);
+	struct rd *r = container_of(j, struct rd, close);
 	if (r->fd >= 0)
 		close(r->fd);
 	r->fd = -1;
 }
 
-static void rd_close_done(struct work *w)
+/* The op goes: its last job has closed the fd. */
+static void read_release(struct op *op)
 {
-	rd_free(container_of(w, struct rd, work));
-}
-
-/* The stream is over (ended by us or cancelled): free once no job holds r. The fd
- * is closed on a worker like every other file call. */
-static void rd_release(struct rd *r)
-{
-	r->stop = true;
-	if (r->on_loop)
-		ev_io_stop(srv->loop, &r->io);
-	if (r->busy > 0 || r->closing)
+	struct rd *r = op->data;
+	if (r == NULL)
 		return;
-	if (r->fd < 0) {
-		rd_free(r);
-		return;
-	}
-	/* the buffers now, the struct when the fd is closed */
+	ev_io_stop(srv->loop, &r->io);
 	for (unsigned i = 0; i < READ_NBUF; i++)
 		rd_buf_drop(r, &r->b[i]);
-	r->closing = true;
-	r->work.run = rd_close_run;
-	r->work.done = rd_close_done;
-	worker_submit(&r->work);
+	rd_free(r);
 }
 
 /* In a sparse file, the bytes of a hole: zeros written into the buffer cost far less
@@ -204,10 +177,10 @@ static size_t rd_hole(struct rd *r, struct rd_buf *b)
 	return n;
 }
 
-static void rd_buf_run(struct work *w)
+static void rd_buf_run(struct op_job *job)
 {
-	struct rd_buf *b = container_of(w, struct rd_buf, work);
-	struct rd *r = b->r;
+	struct rd_buf *b = container_of(job, struct rd_buf, job);
+	struct rd *r = job->op->data;
 	while (b->len < b->want) {
 		if (r->sparse) {
 			size_t z = rd_hole(r, b);
@@ -222,7 +195,7 @@ static void rd_buf_run(struct work *w)
 		else
 			n = read(r->fd, b->data + b->len, b->want - b->len);
 		if (n < 0) {
-			if (errno == EINTR && !worker_cancelled(w))
+			if (errno == EINTR && !worker_cancelled(&job->work))
 				continue;
 			b->err = errno;
 			return;
@@ -236,17 +209,14 @@ static void rd_buf_run(struct work *w)
 	}
 }
 
-static void rd_buf_done(struct work *w)
+static void rd_buf_done(struct op_job *job)
 {
-	struct rd_buf *b = container_of(w, struct rd_buf, work);
-	struct rd *r = b->r;
-	r->busy--;
+	struct rd_buf *b = container_of(job, struct rd_buf, job);
+	/* (the request's identity could not be entered: the read did not run) */
+	if (job->rc < 0 && b->err == 0)
+		b->err = job->err.code;
 	b->state = RB_READY;
-	if (r->st == NULL) {
-		rd_release(r);
-		return;
-	}
-	rd_pump(r->st);
+	rd_pump(job->op->data);
 }
 
 /* Bytes the client may still take beyond what is read (or being read) and not sent. */
@@ -260,7 +230,7 @@ static int64_t rd_credit_left(const struct rd *r)
 		else if (b->state == RB_READY)
 			ahead += (int64_t)(b->len - b->sent);
 	}
-	return r->st->send_credit - ahead;
+	return r->op->st->send_credit - ahead;
 }
 
 /* Ask a worker to fill b (idle, next in file order) with the next chunk. False when
@@ -268,8 +238,8 @@ static int64_t rd_credit_left(const struct rd *r)
  * writable()), or everything asked for. */
 static bool rd_fill(struct rd *r, struct rd_buf *b)
 {
-	struct stream *st = r->st;
-	if (r->stop || r->next >= r->end)
+	struct stream *st = r->op->st;
+	if (r->next >= r->end)
 		return false;
 	/* a regular file: nothing past the end the open saw but the probing byte, and
 	 * nothing behind that byte until it is back */
@@ -327,38 +297,36 @@ static bool rd_fill(struct rd *r, struct rd_buf *b)
 	/* a device returns what it has: its next offset is known only afterwards */
 	if (r->seekable)
 		r->next += b->want;
-	r->busy++;
-	worker_submit(&b->work);
+	op_submit(r->op, &b->job);
 	return true;
+}
+
+/* The stream ends, the watcher first: the fd is closed after (rd_close_run). */
+static void rd_end(struct rd *r, const Shim__V1__Result *res, const struct shim_err *err)
+{
+	ev_io_stop(srv->loop, &r->io);
+	if (res != NULL)
+		op_end(r->op, res);
+	else
+		op_fail(r->op, err);
 }
 
 static void rd_finish(struct rd *r)
 {
-	struct stream *st = r->st;
-	r->st = NULL;
-	stream_send_data(st, NULL, 0, true);
+	stream_send_data(r->op->st, NULL, 0, true);
 	Shim__V1__ReadReply rr = SHIM__V1__READ_REPLY__INIT;
 	rr.bytes = r->sent;
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_READ;
 	res.read = &rr;
-	op_end_stream(st, &res);
-	rd_release(r);
-}
-
-static void rd_fail(struct rd *r, const struct shim_err *err)
-{
-	struct stream *st = r->st;
-	r->st = NULL;
-	stream_fail(st, err);
-	rd_release(r);
+	rd_end(r, &res, NULL);
 }
 
 /* Send what the buffers hold, in file order, as far as credit and the connection
  * allow; ask for the next chunks as far as credit and memory allow. */
-static void rd_pump(struct stream *st)
+static void rd_pump(struct rd *r)
 {
-	struct rd *r = st->op_data;
+	struct stream *st = r->op->st;
 	bool stuck = false; /* bytes to send, and no room or credit for them */
 	for (;;) {
 		struct rd_buf *b = &r->b[r->head];
@@ -384,7 +352,7 @@ static void rd_pump(struct stream *st)
 			 * a whole one */
 			struct shim_err e;
 			err_set(&e, b->err, r->p.abs, b->err == ENOMEM ? "read: out of memory" : "read");
-			rd_fail(r, &e);
+			rd_end(r, NULL, &e);
 			return;
 		}
 		bool eof = r->seekable ? b->len < b->want : b->len == 0;
@@ -420,13 +388,13 @@ static void rd_pump(struct stream *st)
 	}
 	if (r->b[r->head].state == RB_IDLE && !filled) {
 		/* nothing read, nothing in flight: the end, or a wait (rd_fill registered it) */
-		if (r->stop || r->next >= r->end) {
+		if (r->next >= r->end) {
 			rd_finish(r);
 			return;
 		}
 	}
 	if (r->b[r->head].state == RB_READY && r->b[r->head].err == ENOMEM && r->b[r->head].len == 0) {
-		rd_pump(st);
+		rd_pump(r);
 		return;
 	}
 	if (stuck)
@@ -444,9 +412,9 @@ static uint8_t rd_loop_buf[FRAME_DATA_CHUNK];
 
 /* Read what the FIFO has, as far as credit and the connection allow. Without credit, at
  * most one byte (kept in pend), so that a writer's end is still seen and reported. */
-static void rd_loop_pump(struct stream *st, bool readable)
+static void rd_loop_pump(struct rd *r, bool readable)
 {
-	struct rd *r = st->op_data;
+	struct stream *st = r->op->st;
 	struct ev_loop *loop = srv->loop;
 	if (readable)
 		r->woke = true;
@@ -495,7 +463,7 @@ static void rd_loop_pump(struct stream *st, bool readable)
 			}
 			struct shim_err e;
 			err_set(&e, errno, r->p.abs, "read");
-			rd_fail(r, &e);
+			rd_end(r, NULL, &e);
 			return;
 		}
 		if (k == 0) {
@@ -520,97 +488,75 @@ static void rd_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	(void)loop;
 	(void)revents;
 	struct rd *r = container_of(w, struct rd, io);
-	if (r->st != NULL)
-		rd_loop_pump(r->st, true);
-}
-
-static void rd_writable(struct stream *st)
-{
-	struct rd *r = st->op_data;
-	if (r->on_loop)
-		rd_loop_pump(st, false);
-	else
-		rd_pump(st);
-}
-
-static void rd_cancel(struct stream *st)
-{
-	struct rd *r = st->op_data;
-	r->st = NULL;
-	/* a FIFO without a writer blocks in open or read: interrupt it (EINTR) */
-	if (r->busy > 0) {
-		for (unsigned i = 0; i < READ_NBUF; i++)
-			if (r->b[i].state == RB_BUSY)
-				worker_interrupt(&r->b[i].work);
-		if (r->opening)
-			worker_interrupt(&r->work);
-	}
-	rd_release(r);
-}
-
-static const struct stream_ops rd_ops = {.writable = rd_writable, .cancel = rd_cancel};
-
-static void rd_open_run(struct work *w)
-{
-	struct rd *r = container_of(w, struct rd, work);
-	uint64_t offset = r->next;
-	r->rc = -1;
-	struct stat st;
-	/* the open as the request's identity; the reads of the open fd need none */
-	if (fs_ctx_begin(&r->fsx, &r->err) < 0)
+	struct op *op = r->op;
+	if (op->st == NULL)
 		return;
+	/* (the pump may end the stream: the op stays until it has returned) */
+	op_hold(op);
+	rd_loop_pump(r, true);
+	op_put(op);
+}
+
+static void read_writable(struct op *op)
+{
+	struct rd *r = op->data;
+	if (r->on_loop)
+		rd_loop_pump(r, false);
+	else
+		rd_pump(r);
+}
+
+/* (a FIFO without a writer blocks in open or read: op.c interrupts it, EINTR) */
+static void read_cancel(struct op *op)
+{
+	struct rd *r = op->data;
+	ev_io_stop(srv->loop, &r->io);
+}
+
+/* The op's main job, as the request's identity (as are the reads of the open fd). */
+static int read_open(struct op *op, struct shim_err *err)
+{
+	struct rd *r = op->data;
+	const Shim__V1__ReadRequest *q = op->req->read;
+	bool allow_special = q->has_allow_special && q->allow_special;
+	uint64_t offset = r->next;
+	struct stat st;
 	if (offset > 0) {
 		/* before the open, which for a FIFO waits for a writer */
-		if (fs_stat(&r->p, true, &st, &r->err) < 0)
-			return;
-		if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && !r->allow_special) {
-			op_fs_io_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
-			return;
-		}
-		if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode)) {
-			err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
-			return;
-		}
+		if (fs_stat(&r->p, true, &st, err) < 0)
+			return -1;
+		if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && !allow_special)
+			return op_fs_io_refuse_special(err, r->p.abs, st.st_mode, "read");
+		if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode))
+			return err_set(err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
 	}
 	/* O_NONBLOCK: a FIFO opens at once, writer or not (the loop waits for one, see
 	 * rd_loop_pump); for what is read on a worker it is taken off again below */
-	int cleanup_close fd = fs_open(&r->p, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, &r->err);
+	int cleanup_close fd = fs_open(&r->p, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, err);
 	if (fd < 0) {
 		/* a socket file (ENXIO) not allowed: name it rather than the open's errno */
 		struct shim_err e;
-		if (r->err.code == ENXIO && !r->allow_special && fs_stat(&r->p, true, &st, &e) == 0 &&
+		if (err->code == ENXIO && !allow_special && fs_stat(&r->p, true, &st, &e) == 0 &&
 		    op_fs_io_special_kind(st.st_mode) != NULL)
-			op_fs_io_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
-		return;
+			op_fs_io_refuse_special(err, r->p.abs, st.st_mode, "read");
+		return -1;
 	}
-	if (fstat(fd, &st) < 0) {
-		err_set(&r->err, errno, r->p.abs, "stat");
-		return;
-	}
-	if (S_ISDIR(st.st_mode)) {
-		err_set(&r->err, EISDIR, r->p.abs, "read");
-		return;
-	}
-	if (!S_ISREG(st.st_mode) && !r->allow_special) {
-		op_fs_io_refuse_special(&r->err, r->p.abs, st.st_mode, "read");
-		return;
-	}
+	if (fstat(fd, &st) < 0)
+		return err_set(err, errno, r->p.abs, "stat");
+	if (S_ISDIR(st.st_mode))
+		return err_set(err, EISDIR, r->p.abs, "read");
+	if (!S_ISREG(st.st_mode) && !allow_special)
+		return op_fs_io_refuse_special(err, r->p.abs, st.st_mode, "read");
 	r->seekable = S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
 	r->on_loop = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISCHR(st.st_mode);
-	if (!r->seekable && offset > 0) {
-		err_set(&r->err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
-		return;
-	}
-	if (offset > (uint64_t)INT64_MAX) {
-		err_set(&r->err, EINVAL, r->p.abs, "offset beyond the largest file offset");
-		return;
-	}
+	if (!r->seekable && offset > 0)
+		return err_set(err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
+	if (offset > (uint64_t)INT64_MAX)
+		return err_set(err, EINVAL, r->p.abs, "offset beyond the largest file offset");
 	if (!r->on_loop) {
 		int fl = fcntl(fd, F_GETFL);
-		if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-			err_set(&r->err, errno, r->p.abs, "fcntl");
-			return;
-		}
+		if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+			return err_set(err, errno, r->p.abs, "fcntl");
 	}
 	r->nbuf = r->seekable ? READ_NBUF : 1;
 	r->size = SIZE_UNKNOWN;
@@ -622,75 +568,68 @@ static void rd_open_run(struct work *w)
 		posix_fadvise(fd, (off_t)offset, 0, POSIX_FADV_SEQUENTIAL);
 	}
 	r->fd = steal_fd(fd);
-	r->rc = 0;
+	return 0;
 }
 
-static void rd_open_done(struct work *w)
+static void read_open_done(struct op *op, int rc, const struct shim_err *err)
 {
-	struct rd *r = container_of(w, struct rd, work);
-	r->busy--;
-	r->opening = false;
-	if (r->st == NULL) {
-		rd_release(r);
-		return;
-	}
-	if (r->rc < 0) {
-		rd_fail(r, &r->err);
+	struct rd *r = op->data;
+	if (rc < 0) {
+		op_fail(op, err);
 		return;
 	}
 	if (r->on_loop) {
 		ev_io_set(&r->io, r->fd, EV_READ);
-		rd_loop_pump(r->st, false);
+		rd_loop_pump(r, false);
 		return;
 	}
-	rd_pump(r->st);
+	rd_pump(r);
 }
 
-int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int read_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__ReadRequest *q = req->read;
+	const Shim__V1__ReadRequest *q = op->req->read;
 	/* the read's state is a few kB (paths, an error): 255 reads on each of many
 	 * connections are what a hoarder holds besides the buffers */
-	if (stream_reserve(st, sizeof(struct rd), err) < 0)
+	if (stream_reserve(op->st, sizeof(struct rd), err) < 0)
 		return -1;
 	struct rd *r = calloc(1, sizeof(*r));
 	if (r == NULL) {
 		budget_give(sizeof(*r));
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	if (fs_path_get(&q->path, &r->p, err) < 0) {
-		free(r);
-		budget_give(sizeof(*r));
-		return -1;
-	}
-	if (fs_ctx_defer(req->fs, &r->fsx, err) < 0) {
-		free(r);
-		budget_give(sizeof(*r));
-		return -1;
-	}
+	r->op = op;
 	r->fd = -1;
-	r->allow_special = q->has_allow_special && q->allow_special;
+	ev_init(&r->io, rd_io_cb);
+	r->nbuf = 1;
+	for (unsigned i = 0; i < READ_NBUF; i++) {
+		r->b[i].job.run = rd_buf_run;
+		r->b[i].job.done = rd_buf_done;
+	}
+	op->data = r; /* (from here on read_release frees it) */
+	r->close.run = rd_close_run;
+	op_at_end(op, &r->close);
+	if (fs_path_get(&q->path, &r->p, err) < 0)
+		return -1;
 	r->next = q->has_offset ? q->offset : 0;
 	r->end = UINT64_MAX;
 	if (q->has_length && q->length < UINT64_MAX - r->next)
 		r->end = r->next + q->length;
-	r->nbuf = 1;
-	for (unsigned i = 0; i < READ_NBUF; i++) {
-		r->b[i].r = r;
-		r->b[i].work.run = rd_buf_run;
-		r->b[i].work.done = rd_buf_done;
-	}
-	ev_init(&r->io, rd_io_cb);
-	r->st = st;
-	r->work.run = rd_open_run;
-	r->work.done = rd_open_done;
-	r->busy = 1;
-	r->opening = true;
-	st->ops = &rd_ops;
-	st->op_data = r;
-	worker_submit(&r->work);
+	op_run_job(op);
 	return 0;
 }
+
+const struct op_kind op_fs_read_kind = {
+	SHIM__V1__REQUEST__KIND_READ,
+	"read",
+	OP_FS,
+	.start = read_start,
+	.job = read_open,
+	.job_done = read_open_done,
+	.writable = read_writable,
+	.cancel = read_cancel,
+	.release = read_release,
+};
 
 /* ================================ write ================================ */
 
@@ -706,22 +645,21 @@ int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 
 /* WJ_WRITE_COMMIT: the last bytes and the commit in one job (one hand-off less for
  * a small file, whose bytes and FIN usually come all at once). */
-enum wr_job { WJ_OPEN, WJ_WRITE, WJ_WRITE_COMMIT, WJ_COMMIT, WJ_CLOSE };
+enum wr_step { WJ_OPEN, WJ_WRITE, WJ_WRITE_COMMIT, WJ_COMMIT };
 
 struct wr {
-	struct stream *st; /* NULL once the stream has ended (or was cancelled) */
-	struct work work;  /* one job at a time */
-	enum wr_job job;
+	struct op *op;
+	struct op_job job; /* one at a time; its rc and err: the outcome of the step */
+	enum wr_step step;
 	bool busy;
 	bool opened;
-	bool released; /* fd, temp file and journal entry are all gone */
-	int rc;
-	struct shim_err err;
+	/* what a write cut off midway leaves (fd, temp file, journal entry) is undone
+	 * by the op's last job, on a worker, as the request's identity */
+	struct op_job undo;
 
 	struct fs_path p;
 	bool append, exclusive, parents, in_place, has_mode, allow_special;
 	mode_t mode;
-	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
 
 	int fd;
 	bool positional; /* pwrite at off (a regular file, not O_APPEND) */
@@ -756,11 +694,11 @@ struct wr {
 	struct stat done_st;
 };
 
-static void wr_submit(struct wr *w, enum wr_job job);
+static void wr_submit(struct wr *w, enum wr_step step);
 
 static void wr_free(struct wr *w)
 {
-	size_t held = sizeof(*w) + w->cap; /* op_fs_write's stream_reserve() */
+	size_t held = sizeof(*w) + w->cap; /* write_start's stream_reserve() */
 	budget_free(w->ring, w->cap);
 	free(w);
 	budget_give(held);
@@ -780,17 +718,16 @@ static void wr_release(struct wr *w)
 	if (w->dfd >= 0)
 		close(w->dfd);
 	w->dfd = -1;
-	w->released = true;
 }
 
 static int wr_fail(struct wr *w, int code, const char *what)
 {
-	err_set(&w->err, code, w->p.abs, "%s", what);
+	err_set(&w->job.err, code, w->p.abs, "%s", what);
 	wr_release(w);
 	return -1;
 }
 
-/* The same with w->err as fs_open or fs_open_parent left it (their message says which
+/* The same with the error as fs_open or fs_open_parent left it (their message says which
  * symlink was not followed, and why). */
 static int wr_fail_kept(struct wr *w)
 {
@@ -845,25 +782,25 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 	/* Try to create first, so that we know whether the file is new (it then gets
 	 * the requested mode or 0644, whatever the umask). */
 	for (int tries = 0; tries < 3; tries++) {
-		w->fd = fs_open(&w->p, flags | O_CREAT | O_EXCL, 0600, &w->err);
+		w->fd = fs_open(&w->p, flags | O_CREAT | O_EXCL, 0600, &w->job.err);
 		if (w->fd >= 0) {
 			w->created = true;
 			break;
 		}
-		if (w->err.code != EEXIST || w->exclusive)
+		if (w->job.err.code != EEXIST || w->exclusive)
 			return wr_fail_kept(w);
-		w->fd = fs_open(&w->p, flags, 0, &w->err);
-		if (w->fd >= 0 || w->err.code != ENOENT)
+		w->fd = fs_open(&w->p, flags, 0, &w->job.err);
+		if (w->fd >= 0 || w->job.err.code != ENOENT)
 			break;
 		/* removed in between (or a dangling symlink): try again */
 	}
 	struct stat st;
-	if (w->fd < 0 && w->err.code == ENXIO) {
+	if (w->fd < 0 && w->job.err.code == ENXIO) {
 		/* a FIFO without a reader (or a socket file): name it */
 		struct shim_err e;
 		if (fs_stat(&w->p, true, &st, &e) == 0 && op_fs_io_special_kind(st.st_mode) != NULL) {
 			if (!w->allow_special) {
-				op_fs_io_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+				op_fs_io_refuse_special(&w->job.err, w->p.abs, st.st_mode, "write");
 				wr_release(w);
 				return -1;
 			}
@@ -871,7 +808,6 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 				/* no reader yet: the loop tries again in a while */
 				w->wait_reader = true;
 				wr_release(w);
-				w->released = false;
 				return 0;
 			}
 		}
@@ -881,7 +817,7 @@ static int wr_open_in_place(struct wr *w, bool append, bool trunc)
 	if (fstat(w->fd, &st) < 0)
 		return wr_fail(w, errno, "stat");
 	if (!S_ISREG(st.st_mode) && !w->allow_special) {
-		op_fs_io_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+		op_fs_io_refuse_special(&w->job.err, w->p.abs, st.st_mode, "write");
 		wr_release(w);
 		return -1;
 	}
@@ -918,7 +854,7 @@ static int temp_real_path(struct wr *w, char *buf, size_t size)
 	}
 	int m = snprintf(buf, size, "%s%s%s", dir, strcmp(dir, "/") == 0 ? "" : "/", w->tmp);
 	if (m < 0 || (size_t)m >= size)
-		return err_set(&w->err, ENAMETOOLONG, w->p.abs, "temp file path too long");
+		return err_set(&w->job.err, ENAMETOOLONG, w->p.abs, "temp file path too long");
 	return 0;
 }
 
@@ -944,7 +880,7 @@ static int wr_check_target(struct wr *w)
 			if (e.code == ENOENT)
 				return 0;
 			/* (fs_open's message: a link not followed says which and why) */
-			w->err = e;
+			w->job.err = e;
 			wr_release(w);
 			return -1;
 		}
@@ -958,7 +894,7 @@ static int wr_check_target(struct wr *w)
 		close(w->dfd);
 		w->dfd = fs_open_parent(&q, w->name, &e);
 		if (w->dfd < 0) {
-			err_set(&w->err, e.code, w->p.abs, "%s", e.msg);
+			err_set(&w->job.err, e.code, w->p.abs, "%s", e.msg);
 			return wr_fail_kept(w);
 		}
 		if (fstatat(w->dfd, w->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
@@ -974,7 +910,7 @@ static int wr_check_target(struct wr *w)
 	if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
 		/* replacing /dev/null with a file would be a surprise: in place, if allowed */
 		if (!w->allow_special) {
-			op_fs_io_refuse_special(&w->err, w->p.abs, st.st_mode, "write");
+			op_fs_io_refuse_special(&w->job.err, w->p.abs, st.st_mode, "write");
 			wr_release(w);
 			return -1;
 		}
@@ -996,7 +932,7 @@ static int wr_check_target(struct wr *w)
 
 static int wr_open_atomic(struct wr *w)
 {
-	w->dfd = fs_open_parent(&w->p, w->name, &w->err);
+	w->dfd = fs_open_parent(&w->p, w->name, &w->job.err);
 	if (w->dfd < 0)
 		return wr_fail_kept(w);
 	if (strcmp(w->name, ".") == 0 || strcmp(w->name, "..") == 0 || w->p.abs[w->p.len - 1] == '/')
@@ -1037,19 +973,19 @@ static int wr_open_atomic(struct wr *w)
 
 static void wr_open_run(struct wr *w)
 {
-	w->rc = -1;
-	if (w->parents && mkdir_parents(&w->p, &w->err) < 0) {
+	w->job.rc = -1;
+	if (w->parents && mkdir_parents(&w->p, &w->job.err) < 0) {
 		wr_release(w);
 		return;
 	}
 	int rc = w->in_place ? wr_open_in_place(w, w->append, !w->append) : wr_open_atomic(w);
 	if (rc == 0)
-		w->rc = 0;
+		w->job.rc = 0;
 }
 
 static void wr_write_run(struct wr *w)
 {
-	w->rc = -1;
+	w->job.rc = -1;
 	size_t done = 0;
 	while (done < w->job_len) {
 		/* the bytes from head, in at most two pieces (the ring wraps) */
@@ -1066,7 +1002,7 @@ static void wr_write_run(struct wr *w)
 		}
 		ssize_t k = w->positional ? pwritev(w->fd, iov, n, (off_t)w->off) : writev(w->fd, iov, n);
 		if (k < 0) {
-			if (errno == EINTR && !worker_cancelled(&w->work))
+			if (errno == EINTR && !worker_cancelled(&w->job.work))
 				continue;
 			wr_fail(w, errno, "write");
 			return;
@@ -1085,7 +1021,7 @@ static void wr_write_run(struct wr *w)
 		sync_file_range(w->fd, (off_t)w->flushed, (off_t)(w->off - w->flushed), SYNC_FILE_RANGE_WRITE);
 		w->flushed = w->off;
 	}
-	w->rc = 0;
+	w->job.rc = 0;
 }
 
 /* The message of a write whose directory fsync failed after the rename. */
@@ -1094,7 +1030,7 @@ static void wr_write_run(struct wr *w)
 /* Make the bytes durable and, in atomic mode, put them in place. */
 static void wr_commit_run(struct wr *w)
 {
-	w->rc = -1;
+	w->job.rc = -1;
 	if (w->tmp_made) {
 		/* owner before mode: chown clears set-id bits */
 		/* the old file's owner, when the operation acts as root (a user cannot
@@ -1114,7 +1050,7 @@ static void wr_commit_run(struct wr *w)
 			wr_fail(w, errno, "fsync");
 			return;
 		}
-		if (worker_cancelled(&w->work)) {
+		if (worker_cancelled(&w->job.work)) {
 			wr_fail(w, ECANCELED, "cancelled");
 			return;
 		}
@@ -1169,20 +1105,15 @@ static void wr_commit_run(struct wr *w)
 		return;
 	}
 	wr_release(w);
-	w->rc = 0;
+	w->job.rc = 0;
 }
 
-static void wr_run(struct work *wk)
+/* Every step as the request's identity (OP_FS): the temp file is created as it (and
+ * so owned by it, no chown after), renamed and removed as it. */
+static void wr_run(struct op_job *job)
 {
-	struct wr *w = container_of(wk, struct wr, work);
-	/* every job as the request's identity: the temp file is created as it (and so
-	 * owned by it, no chown after), renamed and removed as it */
-	if (fs_ctx_begin(&w->fsx, &w->err) < 0) {
-		w->rc = -1;
-		wr_release(w);
-		return;
-	}
-	switch (w->job) {
+	struct wr *w = container_of(job, struct wr, job);
+	switch (w->step) {
 	case WJ_OPEN:
 		wr_open_run(w);
 		break;
@@ -1191,14 +1122,11 @@ static void wr_run(struct work *wk)
 		break;
 	case WJ_WRITE_COMMIT:
 		wr_write_run(w);
-		if (w->rc == 0)
+		if (w->job.rc == 0)
 			wr_commit_run(w);
 		break;
 	case WJ_COMMIT:
 		wr_commit_run(w);
-		break;
-	case WJ_CLOSE:
-		wr_release(w);
 		break;
 	}
 }
@@ -1221,10 +1149,19 @@ static void wr_pump(struct wr *w)
 	}
 }
 
+static void wr_undo_run(struct op_job *j);
+
+/* End the stream with err, and undo on a worker what the write still holds (the fd,
+ * the temp file, the journal entry). */
+static void wr_fail_undo(struct wr *w, const struct shim_err *err)
+{
+	w->undo.run = wr_undo_run;
+	op_at_end(w->op, &w->undo);
+	op_fail(w->op, err);
+}
+
 static void wr_reply(struct wr *w)
 {
-	struct stream *st = w->st;
-	w->st = NULL;
 	Shim__V1__FileStat fst;
 	Shim__V1__Timestamp ts[3];
 	fs_fill_stat(&fst, ts, &w->done_st, NULL, 0);
@@ -1234,30 +1171,20 @@ static void wr_reply(struct wr *w)
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_WRITE;
 	res.write = &wr;
-	op_end_stream(st, &res);
+	op_end(w->op, &res);
 }
 
-static void wr_done(struct work *wk)
+static void wr_done(struct op_job *job)
 {
-	struct wr *w = container_of(wk, struct wr, work);
+	struct wr *w = container_of(job, struct wr, job);
 	w->busy = false;
-	if (w->st == NULL) {
-		/* cancelled while the job ran: clean up, then free */
-		if (!w->released)
-			wr_submit(w, WJ_CLOSE);
-		else
-			wr_free(w);
+	if (job->rc < 0) {
+		/* the job has already dropped the temp file and the journal entry (one
+		 * that could not enter the request's identity left them to the undo) */
+		wr_fail_undo(w, &job->err);
 		return;
 	}
-	if (w->rc < 0) {
-		/* the job has already dropped the temp file and the journal entry */
-		struct stream *st = w->st;
-		w->st = NULL;
-		stream_fail(st, &w->err);
-		wr_free(w);
-		return;
-	}
-	switch (w->job) {
+	switch (w->step) {
 	case WJ_OPEN:
 		if (w->wait_reader) {
 			/* a FIFO without a reader: again soon, less often as the wait goes on */
@@ -1276,28 +1203,24 @@ static void wr_done(struct work *wk)
 		w->len -= w->job_len;
 		w->total += w->job_len;
 		/* credit back only now: a slow disk slows this stream and no other */
-		stream_grant(w->st, (uint32_t)w->job_len);
+		stream_grant(w->op->st, (uint32_t)w->job_len);
 		break;
 	case WJ_WRITE_COMMIT:
 		w->total += w->job_len;
 		wr_reply(w);
-		wr_free(w);
 		return;
 	case WJ_COMMIT:
 		wr_reply(w);
-		wr_free(w);
 		return;
-	case WJ_CLOSE:
-		break;
 	}
 	wr_pump(w);
 }
 
-static void wr_submit(struct wr *w, enum wr_job job)
+static void wr_submit(struct wr *w, enum wr_step step)
 {
-	w->job = job;
+	w->step = step;
 	w->busy = true;
-	worker_submit(&w->work);
+	op_submit(w->op, &w->job);
 }
 
 /* ---- FIFOs, sockets and character devices, on the loop ---- */
@@ -1324,18 +1247,16 @@ static void wr_loop_write(struct wr *w)
 				ev_io_start(srv->loop, &w->io);
 				return;
 			}
-			struct stream *st = w->st;
-			w->st = NULL;
-			err_set(&w->err, errno, w->p.abs, "write");
+			struct shim_err e;
+			err_set(&e, errno, w->p.abs, "write");
 			ev_io_stop(srv->loop, &w->io);
-			stream_fail(st, &w->err);
-			wr_submit(w, WJ_CLOSE); /* and then freed */
+			wr_fail_undo(w, &e);
 			return;
 		}
 		w->head = (w->head + (size_t)k) % w->cap;
 		w->len -= (size_t)k;
 		w->total += (uint64_t)k;
-		stream_grant(w->st, (uint32_t)k);
+		stream_grant(w->op->st, (uint32_t)k);
 	}
 	ev_io_stop(srv->loop, &w->io);
 	if (w->fin)
@@ -1347,7 +1268,7 @@ static void wr_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)loop;
 	(void)revents;
 	struct wr *w = container_of(t, struct wr, retry);
-	if (w->st != NULL && !w->busy)
+	if (w->op->st != NULL && !w->busy)
 		wr_submit(w, WJ_OPEN);
 }
 
@@ -1356,13 +1277,18 @@ static void wr_io_cb(struct ev_loop *loop, ev_io *io, int revents)
 	(void)loop;
 	(void)revents;
 	struct wr *w = container_of(io, struct wr, io);
-	if (w->st != NULL && !w->busy)
-		wr_loop_write(w);
+	struct op *op = w->op;
+	if (op->st == NULL || w->busy)
+		return;
+	/* (a failed write ends the stream: the op stays until it has returned) */
+	op_hold(op);
+	wr_loop_write(w);
+	op_put(op);
 }
 
-static int wr_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+static int write_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct wr *w = st->op_data;
+	struct wr *w = op->data;
 	if (len > w->cap - w->len)
 		return err_set(err, ENOBUFS, w->p.abs, "write buffer full"); /* conn checks credit first */
 	size_t tail = (w->head + w->len) % w->cap;
@@ -1376,26 +1302,39 @@ static int wr_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, 
 	return 0;
 }
 
-static void wr_cancel(struct stream *st)
+/* On a worker, once the step in flight has returned: the temp file removed, its
+ * journal entry cleared, the fds closed (unlink and close may block on a hung mount),
+ * as the identity that made the temp file — or the shim's should that not take: they go
+ * all the same. The old file is left as it was. */
+static void wr_undo_run(struct op_job *j)
 {
-	struct wr *w = st->op_data;
-	w->st = NULL;
-	if (w->on_loop)
-		ev_io_stop(srv->loop, &w->io);
-	ev_timer_stop(srv->loop, &w->retry);
-	if (w->busy) {
-		/* wr_done cleans up when the job is back; an open of a FIFO returns now */
-		worker_interrupt(&w->work);
-		return;
-	}
-	wr_submit(w, WJ_CLOSE);
+	wr_release(container_of(j, struct wr, undo));
 }
 
-static const struct stream_ops wr_ops = {.data = wr_data, .cancel = wr_cancel};
-
-int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+/* Cut off midway (a write that ended with END or ERROR has dropped its files already):
+ * a job in flight is interrupted by op.c (an open of a FIFO returns now), then undone. */
+static void write_cancel(struct op *op)
 {
-	const Shim__V1__WriteRequest *q = req->write;
+	struct wr *w = op->data;
+	ev_io_stop(srv->loop, &w->io);
+	ev_timer_stop(srv->loop, &w->retry);
+	w->undo.run = wr_undo_run;
+	op_at_end(op, &w->undo);
+}
+
+static void write_release(struct op *op)
+{
+	struct wr *w = op->data;
+	if (w == NULL)
+		return;
+	ev_io_stop(srv->loop, &w->io);
+	ev_timer_stop(srv->loop, &w->retry);
+	wr_free(w);
+}
+
+static int write_start(struct op *op, struct shim_err *err)
+{
+	const Shim__V1__WriteRequest *q = op->req->write;
 	struct fs_path p;
 	if (fs_path_get(&q->path, &p, err) < 0)
 		return -1;
@@ -1404,20 +1343,25 @@ int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err
 	/* The ring is as large as the credit the client has from the start: counted in
 	 * the daemon's budget with the state, or the write is refused with EAGAIN (a
 	 * client's 255 writes into a FIFO nobody reads would hold 64 MiB otherwise). */
-	size_t cap = st->recv_left > 0 ? st->recv_left : 1;
-	if (stream_reserve(st, sizeof(struct wr) + cap, err) < 0)
+	size_t cap = op->st->recv_left > 0 ? op->st->recv_left : 1;
+	if (stream_reserve(op->st, sizeof(struct wr) + cap, err) < 0)
 		return -1;
 	struct wr *w = calloc(1, sizeof(*w));
 	if (w == NULL) {
 		budget_give(sizeof(struct wr) + cap);
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
+	w->op = op;
 	w->cap = cap;
+	w->fd = w->dfd = -1;
+	ev_init(&w->io, wr_io_cb);
+	ev_init(&w->retry, wr_retry_cb);
+	w->job.run = wr_run;
+	w->job.done = wr_done;
+	op->data = w; /* (from here on write_release frees it) */
 	w->ring = budget_alloc(w->cap);
-	if (w->ring == NULL) {
-		wr_free(w);
+	if (w->ring == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
 	w->p = p;
 	w->append = q->has_append && q->append;
 	w->exclusive = q->has_exclusive && q->exclusive;
@@ -1426,22 +1370,16 @@ int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err
 	w->has_mode = q->has_mode;
 	w->mode = (mode_t)q->mode;
 	w->allow_special = q->has_allow_special && q->allow_special;
-	if (fs_ctx_defer(req->fs, &w->fsx, err) < 0) {
-		wr_free(w);
-		return -1;
-	}
-	ev_init(&w->io, wr_io_cb);
-	ev_init(&w->retry, wr_retry_cb);
-	w->fd = w->dfd = -1;
-	w->st = st;
-	w->work.run = wr_run;
-	w->work.done = wr_done;
-	st->ops = &wr_ops;
-	st->op_data = w;
 	wr_submit(w, WJ_OPEN);
 	return 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_fs_read_kind = {SHIM__V1__REQUEST__KIND_READ, "read", 0, .legacy = op_fs_read};
-const struct op_kind op_fs_write_kind = {SHIM__V1__REQUEST__KIND_WRITE, "write", 0, .legacy = op_fs_write};
+const struct op_kind op_fs_write_kind = {
+	SHIM__V1__REQUEST__KIND_WRITE,
+	"write",
+	OP_FS | OP_TAKES_DATA,
+	.start = write_start,
+	.data = write_data,
+	.cancel = write_cancel,
+	.release = write_release,
+};

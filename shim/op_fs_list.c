@@ -3,7 +3,6 @@
 #include "conn.h"
 #include "fs.h"
 #include "fs_walk.h"
-#include "fsctx.h"
 #include "op.h"
 #include "ops.h"
 #include "util.h"
@@ -53,43 +52,30 @@ struct level {
 };
 
 struct lister {
-	struct work work;
-	struct stream *st; /* NULL once the stream is gone: done() frees */
-	bool busy;         /* a batch job is queued or running */
-	bool opened;       /* the listed directory is open (first job done) */
-	bool finished;     /* the walk is complete: send FIN and END after this batch */
-	bool closing;      /* cancelled between batches: the job only closes the fds */
+	struct op *op;
+	bool opened;   /* the listed directory is open (first batch done) */
+	bool finished; /* the walk is complete: send FIN and END after this batch */
 	struct fs_path path;
-	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
-	size_t base_len;   /* path.abs without trailing slashes ("/" -> 0) */
-	unsigned depth;    /* 0: unlimited */
+	size_t base_len; /* path.abs without trailing slashes ("/" -> 0) */
+	unsigned depth;  /* 0: unlimited */
 	bool follow, hidden;
 	struct fs_walk walk; /* levels of struct level */
 	char rel[PATH_MAX];
 	uint8_t *out; /* the batch: LIST_BATCH + LIST_ENTRY_MAX bytes */
 	size_t out_len, out_sent;
 	uint64_t entries;
-	int rc;
-	struct shim_err err;
+	struct op_job closer; /* the op's last job when it ends early: closes the directories */
 };
 
 /* What a listing holds from its start, counted in the daemon's budget: its state,
  * its batch buffer, the walk's getdents buffer and (at their largest) its levels. */
-#define LIST_HELD                                                      \
-	(sizeof(struct lister) + LIST_OUT + sizeof(struct fs_dirbuf) + \
+#define LIST_HELD                                                                          \
+	(sizeof(struct op) + sizeof(struct lister) + LIST_OUT + sizeof(struct fs_dirbuf) + \
 	 LIST_MAX_LEVELS * (sizeof(struct fs_walk_level) + sizeof(struct level)))
 
 static struct level *top_of(struct lister *l)
 {
 	return fs_walk_data(&l->walk, l->walk.n - 1);
-}
-
-static void list_free(struct lister *l)
-{
-	fs_walk_free(&l->walk);
-	budget_free(l->out, LIST_OUT);
-	free(l);
-	budget_give(LIST_HELD);
 }
 
 /* The absolute path (as the client sees it) of entry name at the top level, or of
@@ -106,10 +92,10 @@ static const char *abs_of(struct lister *l, const char *name, char *buf, size_t 
 	return buf;
 }
 
-static int fail_at(struct lister *l, int code, const char *name, const char *what)
+static int fail_at(struct lister *l, struct shim_err *err, int code, const char *name, const char *what)
 {
 	char p[PATH_MAX + 256];
-	return err_set(&l->err, code, abs_of(l, name, p, sizeof(p)), "%s", what);
+	return err_set(err, code, abs_of(l, name, p, sizeof(p)), "%s", what);
 }
 
 static size_t put_varint(uint8_t *p, uint64_t v)
@@ -125,27 +111,20 @@ static size_t put_varint(uint8_t *p, uint64_t v)
 
 /* Make fd the deepest level; linked: entered through a symlink (its ".." is not
  * the level above, which must then stay open). */
-static int push_level(struct lister *l, int fd, const struct stat *st, size_t rel_len, bool linked)
+static int push_level(struct lister *l, int fd, const struct stat *st, size_t rel_len, bool linked,
+		      struct shim_err *err)
 {
 	if (fs_walk_push(&l->walk, fd, st, -1) < 0)
-		return err_set(&l->err, errno, NULL, "%s", errno == ENOMEM ? "out of memory" : "stat");
+		return err_set(err, errno, NULL, "%s", errno == ENOMEM ? "out of memory" : "stat");
 	fs_walk_top(&l->walk)->linked = linked;
 	top_of(l)->rel_len = rel_len;
 	return 0;
 }
 
-/* Open the listed directory (first job). */
-static int list_open(struct lister *l)
-{
-	int fd = fs_open(&l->path, O_RDONLY | O_DIRECTORY, 0, &l->err);
-	if (fd < 0)
-		return -1;
-	return push_level(l, fd, NULL, 0, false);
-}
-
 /* Should we descend into the entry just listed, and if so, open it. Returns an fd,
- * -2 for "no", or -1 with l->err set. */
-static int open_child(struct lister *l, const char *name, size_t name_len, const struct stat *st, struct stat *dst)
+ * -2 for "no", or -1 with err set. */
+static int open_child(struct lister *l, const char *name, size_t name_len, const struct stat *st, struct stat *dst,
+		      struct shim_err *err)
 {
 	struct level *top = top_of(l);
 	if (l->depth != 0 && l->walk.n >= l->depth)
@@ -164,7 +143,7 @@ static int open_child(struct lister *l, const char *name, size_t name_len, const
 		int n = snprintf(p.abs, sizeof(p.abs), "%.*s/%.*s%.*s", (int)l->base_len, l->path.abs,
 				 (int)top->rel_len, l->rel, (int)name_len, name);
 		if (n < 0 || (size_t)n >= sizeof(p.abs))
-			return fail_at(l, ENAMETOOLONG, name, "path too long to follow");
+			return fail_at(l, err, ENAMETOOLONG, name, "path too long to follow");
 		p.len = (size_t)n;
 		struct shim_err e;
 		fd = fs_open(&p, O_RDONLY | O_DIRECTORY, 0, &e);
@@ -175,12 +154,12 @@ static int open_child(struct lister *l, const char *name, size_t name_len, const
 		/* changed under us, or a symlink to a non-directory or to nothing */
 		if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || (is_link && errno == EXDEV))
 			return -2;
-		return fail_at(l, errno, name, "open directory");
+		return fail_at(l, err, errno, name, "open directory");
 	}
 	if (fstat(fd, dst) < 0) {
 		int e = errno;
 		close(fd);
-		return fail_at(l, e, name, "stat");
+		return fail_at(l, err, e, name, "stat");
 	}
 	/* a directory already on the path (a symlink loop, or a bind mount of an
 	 * ancestor): listed, not entered */
@@ -190,24 +169,24 @@ static int open_child(struct lister *l, const char *name, size_t name_len, const
 	}
 	if (l->walk.n >= LIST_MAX_LEVELS) {
 		close(fd);
-		return fail_at(l, ELOOP, name, "directory tree deeper than 256 levels");
+		return fail_at(l, err, ELOOP, name, "directory tree deeper than 256 levels");
 	}
 	return fd;
 }
 
 /* One entry of the top level: lstat it, encode it, maybe descend. 0, or -1 with err. */
-static int list_entry(struct lister *l, const char *name)
+static int list_entry(struct lister *l, const char *name, struct shim_err *err)
 {
 	struct level *top = top_of(l);
 	int tfd = fs_walk_top(&l->walk)->d.fd;
 	size_t name_len = strlen(name);
 	if (top->rel_len + name_len + 1 >= sizeof(l->rel))
-		return fail_at(l, ENAMETOOLONG, name, "path too long");
+		return fail_at(l, err, ENAMETOOLONG, name, "path too long");
 	struct stat st;
 	if (fstatat(tfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 		if (errno == ENOENT)
 			return 0; /* removed since readdir */
-		return fail_at(l, errno, name, "lstat");
+		return fail_at(l, err, errno, name, "lstat");
 	}
 	char target[PATH_MAX + 1];
 	ssize_t tlen = -1;
@@ -216,7 +195,7 @@ static int list_entry(struct lister *l, const char *name)
 		if (tlen < 0) {
 			if (errno == ENOENT)
 				return 0;
-			return fail_at(l, errno, name, "readlink");
+			return fail_at(l, err, errno, name, "readlink");
 		}
 		if ((size_t)tlen >= sizeof(target))
 			tlen = (ssize_t)sizeof(target) - 1;
@@ -237,28 +216,30 @@ static int list_entry(struct lister *l, const char *name)
 	l->entries++;
 
 	struct stat dst;
-	int fd = open_child(l, name, name_len, &st, &dst);
+	int fd = open_child(l, name, name_len, &st, &dst, err);
 	if (fd == -1)
 		return -1;
 	if (fd >= 0) {
 		size_t rel_len = top->rel_len + name_len + 1;
 		l->rel[rel_len - 1] = '/';
-		if (push_level(l, fd, &dst, rel_len, S_ISLNK(st.st_mode)) < 0)
+		if (push_level(l, fd, &dst, rel_len, S_ISLNK(st.st_mode), err) < 0)
 			return -1;
 	}
 	return 0;
 }
 
-/* On a worker: fill one batch. -1 on failure (l->err set); the caller closes. */
-static int list_batch(struct lister *l)
+/* On a worker: fill one batch (the first opens the listed directory). -1 on failure
+ * (err set); the caller closes. */
+static int list_batch(struct lister *l, struct shim_err *err)
 {
 	if (!l->opened) {
-		if (list_open(l) < 0)
+		int fd = fs_open(&l->path, O_RDONLY | O_DIRECTORY, 0, err);
+		if (fd < 0 || push_level(l, fd, NULL, 0, false, err) < 0)
 			return -1;
 		l->opened = true;
 	}
 	while (l->out_len < LIST_BATCH) {
-		if (worker_cancelled(&l->work))
+		if (worker_cancelled(&l->op->job.work))
 			return -1; /* nobody reads the result */
 		int got = fs_walk_next(&l->walk);
 		if (got == FS_WALK_END) {
@@ -266,7 +247,7 @@ static int list_batch(struct lister *l)
 			return 0;
 		}
 		if (got < 0)
-			return fail_at(l, errno, NULL,
+			return fail_at(l, err, errno, NULL,
 				       l->walk.fail == FS_WALK_FAIL_REOPEN ? "open the directory again" :
 									     "read directory");
 		if (got == FS_WALK_POST) {
@@ -276,57 +257,38 @@ static int list_batch(struct lister *l)
 		const char *name = l->walk.name;
 		if (name[0] == '.' && !l->hidden)
 			continue;
-		if (list_entry(l, name) < 0)
+		if (list_entry(l, name, err) < 0)
 			return -1;
 	}
 	return 0;
 }
 
-/* On a worker: fill one batch; or close everything when the stream has failed or
- * gone (close(2) is a filesystem call too: a FUSE release, an NFS flush). */
-static void list_run(struct work *w)
+/* Close every directory of the walk: on a worker (close(2) is a filesystem call too:
+ * a FUSE release, an NFS flush). */
+static void close_levels(struct lister *l)
 {
-	struct lister *l = container_of(w, struct lister, work);
-	/* each batch opens directories: as the request's identity (one job at a time) */
-	if (l->closing)
-		l->rc = -1;
-	else if (fs_ctx_begin(&l->fsx, &l->err) < 0)
-		l->rc = -1;
-	else
-		l->rc = list_batch(l);
-	if (l->rc < 0) {
-		while (l->walk.n > 0)
-			fs_walk_pop(&l->walk);
-	}
+	while (l->walk.n > 0)
+		fs_walk_pop(&l->walk);
 }
 
-static void list_pump(struct stream *st);
-
-static void list_done(struct work *w)
+/* On a worker, as the request's identity (OP_FS): one batch. Failed or no longer
+ * wanted, the walk is closed here. */
+static int list_job(struct op *op, struct shim_err *err)
 {
-	struct lister *l = container_of(w, struct lister, work);
-	l->busy = false;
-	struct stream *st = l->st;
-	if (st == NULL) {
-		list_free(l);
-		return;
-	}
-	if (l->rc < 0) {
-		struct shim_err e = l->err;
-		list_free(l);
-		stream_fail(st, &e);
-		return;
-	}
-	l->out_sent = 0;
-	list_pump(st);
+	struct lister *l = op->data;
+	int rc = list_batch(l, err);
+	if (rc < 0 || worker_cancelled(&op->job.work))
+		close_levels(l);
+	return rc;
 }
 
 /* On the loop: send the batch within credit; then the next batch, or the end. */
-static void list_pump(struct stream *st)
+static void list_pump(struct op *op)
 {
-	struct lister *l = st->op_data;
-	if (l->busy)
-		return;
+	struct lister *l = op->data;
+	struct stream *st = op->st;
+	if (op->jobs != NULL)
+		return; /* the batch is being filled */
 	while (l->out_sent < l->out_len) {
 		size_t n = stream_can_send(st);
 		if (n == 0)
@@ -348,69 +310,85 @@ static void list_pump(struct stream *st)
 		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 		res.kind_case = SHIM__V1__RESULT__KIND_LIST;
 		res.list = &r;
-		list_free(l);
-		op_end_stream(st, &res);
+		op_end(op, &res);
 		return;
 	}
-	l->busy = true;
-	worker_submit(&l->work);
+	op_run_job(op);
 }
 
-static void list_cancel(struct stream *st)
+static void close_at_end(struct op *op);
+
+static void list_job_done(struct op *op, int rc, const struct shim_err *err)
 {
-	struct lister *l = st->op_data;
-	l->st = NULL; /* orphaned: done() frees */
-	if (l->busy) {
-		/* the job owns the fds now */
-		worker_interrupt(&l->work);
+	if (rc < 0) {
+		close_at_end(op); /* (a batch whose identity did not take never ran) */
+		op_fail(op, err);
 		return;
 	}
-	/* one last job, to close the directories off the loop */
-	l->closing = true;
-	l->busy = true;
-	worker_submit(&l->work);
+	((struct lister *)op->data)->out_sent = 0;
+	list_pump(op);
 }
 
-static const struct stream_ops list_ops = {.writable = list_pump, .cancel = list_cancel};
-
-int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static void closer_run(struct op_job *j)
 {
-	const Shim__V1__ListRequest *r = req->list;
-	if (stream_reserve(st, LIST_HELD, err) < 0)
+	close_levels(container_of(j, struct lister, closer));
+}
+
+/* The directories still open are closed on a worker by the op's last job, after a
+ * batch in flight (interrupted) has returned. */
+static void close_at_end(struct op *op)
+{
+	struct lister *l = op->data;
+	l->closer.run = closer_run;
+	op_at_end(op, &l->closer);
+}
+
+static void list_release(struct op *op)
+{
+	struct lister *l = op->data;
+	if (l == NULL)
+		return;
+	fs_walk_free(&l->walk);
+	budget_free(l->out, LIST_OUT);
+	free(l);
+	budget_give(LIST_HELD);
+}
+
+static int list_start(struct op *op, struct shim_err *err)
+{
+	const Shim__V1__ListRequest *r = op->req->list;
+	if (stream_reserve(op->st, LIST_HELD, err) < 0)
 		return -1;
 	struct lister *l = calloc(1, sizeof(*l));
 	if (l == NULL) {
 		budget_give(LIST_HELD);
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	if (fs_path_get(&r->path, &l->path, err) < 0) {
-		list_free(l);
+	op->data = l; /* from here on, list_release gives LIST_HELD back */
+	l->op = op;
+	if (fs_path_get(&r->path, &l->path, err) < 0)
 		return -1;
-	}
 	l->out = budget_alloc(LIST_OUT);
-	if (l->out == NULL || fs_walk_init(&l->walk, 0, sizeof(struct level)) < 0) {
-		list_free(l);
+	if (l->out == NULL || fs_walk_init(&l->walk, 0, sizeof(struct level)) < 0)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
 	l->base_len = l->path.len;
 	while (l->base_len > 0 && l->path.abs[l->base_len - 1] == '/')
 		l->base_len--;
 	l->depth = r->has_depth ? r->depth : 1;
 	l->follow = r->has_follow_symlinks && r->follow_symlinks;
 	l->hidden = r->has_hidden && r->hidden;
-	if (fs_ctx_defer(req->fs, &l->fsx, err) < 0) {
-		list_free(l);
-		return -1;
-	}
-	l->st = st;
-	l->work.run = list_run;
-	l->work.done = list_done;
-	st->ops = &list_ops;
-	st->op_data = l;
-	l->busy = true;
-	worker_submit(&l->work);
+	op_run_job(op);
 	return 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_fs_list_kind = {SHIM__V1__REQUEST__KIND_LIST, "list", 0, .legacy = op_fs_list};
+const struct op_kind op_fs_list_kind = {
+	SHIM__V1__REQUEST__KIND_LIST,
+	"list",
+	OP_FS,
+	.start = list_start,
+	.job = list_job,
+	.job_done = list_job_done,
+	.writable = list_pump,
+	.cancel = close_at_end,
+	.release = list_release,
+};

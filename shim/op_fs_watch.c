@@ -3,7 +3,6 @@
 #include "conn.h"
 #include "fs.h"
 #include "fs_walk.h"
-#include "fsctx.h"
 #include "log.h"
 #include "op.h"
 #include "ops.h"
@@ -98,14 +97,13 @@ struct move {
 	char *path;
 };
 
+/* While the op's job (op->job) is queued or running, the loop leaves the map and the
+ * inotify fd alone. */
 struct watcher {
-	struct work work;
-	struct stream *st; /* NULL once the stream is gone: done() frees */
-	struct fs_ctx fsx; /* the request's identity and resolve flags (fsctx.h) */
+	struct op *op;
 	struct ev_loop *loop;
 	ev_io io;
 	int ifd;
-	bool busy;    /* a job is queued or running: the loop leaves the map alone */
 	bool started; /* the first job succeeded */
 	bool ending;  /* the watched path is gone: finish once the queue is sent */
 	bool recursive;
@@ -126,8 +124,6 @@ struct watcher {
 	uint8_t *syn;
 	size_t syn_len, syn_cap;
 	bool syn_overflow;
-	int rc;
-	struct shim_err err;
 
 	struct move moves[WATCH_MOVES_MAX];
 	unsigned nmoves;
@@ -316,7 +312,7 @@ static int q_reserve(struct watcher *w, size_t n)
 	/* the queue grows out of the daemon's memory budget: when it has no room, the
 	 * queue is full (the events are dropped for an OVERFLOW, as for a slow client) */
 	struct shim_err e;
-	if (w->st == NULL || stream_reserve(w->st, cap - w->qcap, &e) < 0)
+	if (w->op->st == NULL || stream_reserve(w->op->st, cap - w->qcap, &e) < 0)
 		return -1;
 	uint8_t *q = realloc(w->q, cap);
 	if (q == NULL) {
@@ -417,10 +413,13 @@ static void close_on_worker(int fd)
 	worker_submit(&k->work);
 }
 
-static void watch_free(struct watcher *w)
+/* The op is freed (its stream gone, no job left). */
+static void watch_free(struct op *op)
 {
-	if (w->loop != NULL)
-		ev_io_stop(w->loop, &w->io);
+	struct watcher *w = op->data;
+	if (w == NULL)
+		return;
+	ev_io_stop(w->loop, &w->io);
 	if (w->ifd >= 0)
 		close_on_worker(w->ifd);
 	watch_release(w->nwatch);
@@ -446,14 +445,6 @@ static void watch_free(struct watcher *w)
 	budget_give(w->qcap); /* q_reserve()'s stream_reserve() */
 	free(w->scratch);
 	free(w);
-}
-
-static void watch_fail(struct watcher *w, const struct shim_err *err)
-{
-	struct stream *st = w->st;
-	struct shim_err e = *err;
-	watch_free(w);
-	stream_fail(st, &e);
 }
 
 /* ---- the worker side: adding watches ---- */
@@ -554,10 +545,11 @@ static void wl_pop(struct fs_walk *wk)
 	fs_walk_pop(wk);
 }
 
-/* One step of walk(): 1 to go on, 0 at the end, -1 with w->err. */
-static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool strict, unsigned base)
+/* One step of walk(): 1 to go on, 0 at the end, -1 with err. */
+static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool strict, unsigned base,
+		     struct shim_err *err)
 {
-	if (worker_cancelled(&w->work))
+	if (worker_cancelled(&w->op->job.work))
 		return 0;
 	int got = fs_walk_next(wk);
 	if (got == FS_WALK_END)
@@ -566,14 +558,14 @@ static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool str
 	if (got < 0 && wk->fail == FS_WALK_FAIL_REOPEN) {
 		/* the level above cannot be read on (moved meanwhile): nor the walk */
 		if (strict)
-			return err_set(&w->err, errno, ((struct wlevel *)fs_walk_data(wk, wk->n - 2))->path,
+			return err_set(err, errno, ((struct wlevel *)fs_walk_data(wk, wk->n - 2))->path,
 				       "open the directory again");
 		w->syn_overflow = true;
 		return 0;
 	}
 	if (got < 0) {
 		if (strict)
-			return err_set(&w->err, errno, l->path, "read directory");
+			return err_set(err, errno, l->path, "read directory");
 		w->syn_overflow = true;
 		wl_pop(wk);
 		return 1;
@@ -594,7 +586,7 @@ static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool str
 	size_t clen = (l->len == 1 ? 0 : l->len) + 1 + nlen;
 	char *cleanup_free child = malloc(clen + 1);
 	if (child == NULL)
-		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+		return err_set(err, ENOMEM, NULL, "out of memory");
 	snprintf(child, clen + 1, "%s/%s", l->len == 1 ? "" : l->path, name);
 	if (synth)
 		syn_add(w, child, clen, is_dir);
@@ -602,7 +594,7 @@ static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool str
 		return 1;
 	if (base + wk->n >= WATCH_MAX_LEVELS) {
 		if (strict)
-			return err_set(&w->err, ELOOP, child, "directory tree deeper than 256 levels");
+			return err_set(err, ELOOP, child, "directory tree deeper than 256 levels");
 		w->syn_overflow = true;
 		return 1;
 	}
@@ -624,33 +616,34 @@ static int walk_step(struct watcher *w, struct fs_walk *wk, bool synth, bool str
 		if (e == ENOENT || e == ENOTDIR || e == ELOOP)
 			return 1; /* gone or replaced meanwhile */
 		if (strict)
-			return watch_errno(&w->err, e, child, cfd < 0 ? "open directory" : "inotify_add_watch");
+			return watch_errno(err, e, child, cfd < 0 ? "open directory" : "inotify_add_watch");
 		w->syn_overflow = true;
 		return 1;
 	}
 	if (map_put_new(w, wd, child, clen) < 0) {
 		close(cfd);
-		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	return wl_push(wk, cfd, steal_ptr(child), clen, &w->err) < 0 ? -1 : 1;
+	return wl_push(wk, cfd, steal_ptr(child), clen, err) < 0 ? -1 : 1;
 }
 
 /* Watch every directory below dfd (which is watched already; at depth base), depth
  * first, on the walker. synth: report what is found as CREATE events. strict: a
  * directory that cannot be watched fails the job (the first walk); otherwise it is
- * skipped and OVERFLOW reported. Takes dfd. 0, or -1 with w->err. */
-static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool synth, bool strict, unsigned base)
+ * skipped and OVERFLOW reported. Takes dfd. 0, or -1 with err. */
+static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool synth, bool strict, unsigned base,
+		struct shim_err *err)
 {
 	struct fs_walk wk;
 	char *top = strndup(path, plen);
 	if (top == NULL || fs_walk_init(&wk, 0, sizeof(struct wlevel)) < 0) {
 		free(top);
 		close(dfd);
-		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
-	int rc = wl_push(&wk, dfd, top, plen, &w->err);
+	int rc = wl_push(&wk, dfd, top, plen, err);
 	if (rc == 0)
-		while ((rc = walk_step(w, &wk, synth, strict, base)) > 0)
+		while ((rc = walk_step(w, &wk, synth, strict, base, err)) > 0)
 			;
 	while (wk.n > 0)
 		wl_pop(&wk);
@@ -659,10 +652,10 @@ static int walk(struct watcher *w, int dfd, const char *path, size_t plen, bool 
 }
 
 /* The first job: the inotify instance, the watched path, and with -r the tree. */
-static int watch_start(struct watcher *w)
+static int watch_first(struct watcher *w, struct shim_err *err)
 {
 	/* O_PATH: never opens the object itself (a FIFO would block) */
-	int cleanup_close pfd = fs_open(&w->path, O_PATH, 0, &w->err);
+	int cleanup_close pfd = fs_open(&w->path, O_PATH, 0, err);
 	if (pfd < 0)
 		return -1;
 	w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
@@ -678,38 +671,38 @@ static int watch_start(struct watcher *w)
 					strcpy(lim, "?");
 				fclose(f);
 			}
-			return err_set(&w->err, EMFILE, w->path.abs,
+			return err_set(err, EMFILE, w->path.abs,
 				       "inotify_init1: too many inotify instances for this user "
 				       "(fs.inotify.max_user_instances = %s) or too many open files",
 				       lim);
 		}
-		return err_set(&w->err, errno, w->path.abs, "inotify_init1");
+		return err_set(err, errno, w->path.abs, "inotify_init1");
 	}
 	struct stat st;
 	if (fstat(pfd, &st) < 0)
-		return err_set(&w->err, errno, w->path.abs, "stat");
+		return err_set(err, errno, w->path.abs, "stat");
 	w->root_is_dir = S_ISDIR(st.st_mode);
 	int wd = add_watch_capped(w, pfd);
 	if (wd < 0 && errno == EDQUOT)
-		return err_set(&w->err, ENOSPC, w->path.abs,
+		return err_set(err, ENOSPC, w->path.abs,
 			       "the daemon's inotify watches are all in use (--max-watches-total %u)", w->max_total);
 	if (wd < 0)
-		return watch_errno(&w->err, errno, w->path.abs, "inotify_add_watch");
+		return watch_errno(err, errno, w->path.abs, "inotify_add_watch");
 	w->root_wd = wd;
 	if (map_put_new(w, wd, w->path.abs, w->root_len) < 0)
-		return err_set(&w->err, ENOMEM, NULL, "out of memory");
+		return err_set(err, ENOMEM, NULL, "out of memory");
 	if (!w->recursive || !w->root_is_dir)
 		return 0;
 	int dfd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
-		return err_set(&w->err, errno, w->path.abs, "open directory");
-	return walk(w, dfd, w->path.abs, w->root_len, false, true, 0);
+		return err_set(err, errno, w->path.abs, "open directory");
+	return walk(w, dfd, w->path.abs, w->root_len, false, true, 0, err);
 }
 
 /* Later jobs: directories that appeared under a recursive watch. */
 static void watch_add_dirs(struct watcher *w)
 {
-	for (struct todo *t = w->jobs; t != NULL && !worker_cancelled(&w->work) && !w->capped; t = t->next) {
+	for (struct todo *t = w->jobs; t != NULL && !worker_cancelled(&w->op->job.work) && !w->capped; t = t->next) {
 		struct fs_path p;
 		if (t->len >= sizeof(p.abs)) {
 			w->syn_overflow = true;
@@ -737,36 +730,28 @@ static void watch_add_dirs(struct watcher *w)
 			w->syn_overflow = true;
 			continue;
 		}
-		if (walk(w, fd, t->path, t->len, t->created, false, 1) < 0) {
+		if (walk(w, fd, t->path, t->len, t->created, false, 1, &e) < 0) {
 			w->syn_overflow = true;
 			return;
 		}
 	}
 }
 
-static void watch_run(struct work *wk)
+/* On a worker: the first job, or directories that appeared since. The watched path
+ * and the directories added later are opened (and watched: inotify wants read
+ * permission) as the request's identity (OP_FS). */
+static int watch_job(struct op *op, struct shim_err *err)
 {
-	struct watcher *w = container_of(wk, struct watcher, work);
-	w->rc = 0;
-	/* the watched path and the directories added later are opened (and watched:
-	 * inotify wants read permission) as the request's identity */
-	if (fs_ctx_begin(&w->fsx, &w->err) < 0) {
-		if (!w->started)
-			w->rc = -1;
-		else
-			w->syn_overflow = true; /* the new directories go unwatched: say so */
-		return;
-	}
-	if (!w->started) {
-		w->rc = watch_start(w);
-		return;
-	}
+	struct watcher *w = op->data;
+	if (!w->started)
+		return watch_first(w, err);
 	watch_add_dirs(w);
+	return 0;
 }
 
 /* ---- the loop side ---- */
 
-static void watch_pump(struct stream *st);
+static void watch_pump(struct op *op);
 static void watch_io_cb(struct ev_loop *loop, ev_io *io, int revents);
 
 static void watch_submit(struct watcher *w)
@@ -774,27 +759,25 @@ static void watch_submit(struct watcher *w)
 	w->jobs = w->todo;
 	w->todo = w->todo_tail = NULL;
 	w->ntodo = 0;
-	w->busy = true;
 	ev_io_stop(w->loop, &w->io);
-	worker_submit(&w->work);
+	op_run_job(w->op);
 }
 
-static void watch_done(struct work *wk)
+static void watch_job_done(struct op *op, int rc, const struct shim_err *err)
 {
-	struct watcher *w = container_of(wk, struct watcher, work);
-	w->busy = false;
+	struct watcher *w = op->data;
 	while (w->jobs != NULL) {
 		struct todo *t = w->jobs;
 		w->jobs = t->next;
 		free(t);
 	}
-	if (w->st == NULL) {
-		watch_free(w);
+	if (rc < 0 && !w->started) {
+		op_fail(op, err);
 		return;
 	}
-	if (w->rc < 0) {
-		watch_fail(w, &w->err);
-		return;
+	if (rc < 0) {
+		/* the identity could not be entered: the new directories go unwatched, say so */
+		w->syn_overflow = true;
 	}
 	if (!w->started) {
 		w->started = true;
@@ -821,7 +804,7 @@ static void watch_done(struct work *wk)
 	}
 	if (!w->ending)
 		ev_io_start(w->loop, &w->io);
-	watch_pump(w->st);
+	watch_pump(op);
 }
 
 /* dir + "/" + name in the scratch buffer ("/" + name for the root directory "/"). */
@@ -1015,12 +998,15 @@ static void watch_io_cb(struct ev_loop *loop, ev_io *io, int revents)
 	(void)loop;
 	(void)revents;
 	struct watcher *w = container_of(io, struct watcher, io);
+	struct op *op = w->op;
 	/* aligned for struct inotify_event; big enough for many events at once */
 	union {
 		struct inotify_event ev;
 		char buf[16384];
 	} u;
-	for (unsigned round = 0; round < WATCH_READ_ROUNDS && !w->busy && !w->ending; round++) {
+	/* not a hook of the op: kept while it may end its stream here */
+	op_hold(op);
+	for (unsigned round = 0; round < WATCH_READ_ROUNDS && op->jobs == NULL && !w->ending; round++) {
 		ssize_t n = read(w->ifd, u.buf, sizeof(u.buf));
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -1029,7 +1015,8 @@ static void watch_io_cb(struct ev_loop *loop, ev_io *io, int revents)
 		if (n <= 0) {
 			struct shim_err e;
 			err_set(&e, n < 0 ? errno : EIO, w->path.abs, "read inotify events");
-			watch_fail(w, &e);
+			op_fail(op, &e);
+			op_put(op);
 			return;
 		}
 		for (ssize_t off = 0; off < n;) {
@@ -1043,24 +1030,14 @@ static void watch_io_cb(struct ev_loop *loop, ev_io *io, int revents)
 	}
 	if (w->ending)
 		ev_io_stop(w->loop, &w->io);
-	watch_pump(w->st); /* may end the stream and free w */
+	watch_pump(op); /* may end the stream */
+	op_put(op);
 }
 
-static void watch_finish(struct watcher *w)
+static void watch_pump(struct op *op)
 {
-	struct stream *st = w->st;
-	watch_free(w);
-	stream_send_data(st, NULL, 0, true);
-	Shim__V1__Done d = SHIM__V1__DONE__INIT;
-	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
-	res.done = &d;
-	op_end_stream(st, &res);
-}
-
-static void watch_pump(struct stream *st)
-{
-	struct watcher *w = st->op_data;
+	struct watcher *w = op->data;
+	struct stream *st = op->st;
 	for (;;) {
 		while (w->qoff < w->qlen) {
 			size_t n = stream_can_send(st);
@@ -1089,61 +1066,61 @@ static void watch_pump(struct stream *st)
 		w->q = NULL;
 		w->qcap = 0;
 	}
-	if (w->ending && !w->busy)
-		watch_finish(w);
-}
-
-static void watch_cancel(struct stream *st)
-{
-	struct watcher *w = st->op_data;
-	if (w->busy) {
-		/* the job uses the map and the inotify fd: orphan it, done() frees */
-		w->st = NULL;
-		worker_interrupt(&w->work);
-		return;
+	if (w->ending && op->jobs == NULL) {
+		stream_send_data(st, NULL, 0, true);
+		Shim__V1__Done d = SHIM__V1__DONE__INIT;
+		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+		res.kind_case = SHIM__V1__RESULT__KIND_DONE;
+		res.done = &d;
+		op_end(op, &res);
 	}
-	watch_free(w);
 }
 
-static const struct stream_ops watch_ops = {.writable = watch_pump, .cancel = watch_cancel};
-
-int op_fs_watch(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+/* A job in flight is interrupted (and the op freed after it): only the inotify fd's
+ * watcher runs on the loop. */
+static void watch_cancel(struct op *op)
 {
-	const Shim__V1__WatchRequest *r = req->watch;
+	struct watcher *w = op->data;
+	ev_io_stop(w->loop, &w->io);
+}
+
+static int watch_start(struct op *op, struct shim_err *err)
+{
+	const Shim__V1__WatchRequest *r = op->req->watch;
+	const struct server *s = op->st->conn->srv;
 	struct watcher *w = calloc(1, sizeof(*w));
 	if (w == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	if (fs_path_get(&r->path, &w->path, err) < 0) {
-		free(w);
+	op->data = w;
+	w->op = op;
+	w->ifd = -1;
+	w->root_wd = -1;
+	w->loop = s->loop;
+	ev_init(&w->io, watch_io_cb);
+	if (fs_path_get(&r->path, &w->path, err) < 0)
 		return -1;
-	}
 	w->root_len = w->path.len;
 	while (w->root_len > 1 && w->path.abs[w->root_len - 1] == '/')
 		w->root_len--;
 	w->path.abs[w->root_len] = '\0';
 	w->path.len = w->root_len;
 	w->recursive = r->has_recursive && r->recursive;
-	w->max_total = st->conn->srv->cfg.max_watches_total;
-	w->max_watches = st->conn->srv->cfg.max_watches;
+	w->max_total = s->cfg.max_watches_total;
+	w->max_watches = s->cfg.max_watches;
 	if (r->has_max_watches && r->max_watches > 0 && r->max_watches < w->max_watches)
 		w->max_watches = r->max_watches;
-	if (fs_ctx_defer(req->fs, &w->fsx, err) < 0) {
-		free(w);
-		return -1;
-	}
-	w->ifd = -1;
-	w->root_wd = -1;
-	w->loop = st->conn->srv->loop;
-	ev_init(&w->io, watch_io_cb);
-	w->st = st;
-	w->work.run = watch_run;
-	w->work.done = watch_done;
-	st->ops = &watch_ops;
-	st->op_data = w;
-	w->busy = true;
-	worker_submit(&w->work);
+	op_run_job(op);
 	return 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_fs_watch_kind = {SHIM__V1__REQUEST__KIND_WATCH, "watch", 0, .legacy = op_fs_watch};
+const struct op_kind op_fs_watch_kind = {
+	SHIM__V1__REQUEST__KIND_WATCH,
+	"watch",
+	OP_FS,
+	.start = watch_start,
+	.job = watch_job,
+	.job_done = watch_job_done,
+	.writable = watch_pump,
+	.cancel = watch_cancel,
+	.release = watch_free,
+};

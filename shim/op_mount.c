@@ -45,9 +45,19 @@
  *   KILL if it does not) -> CLEANUP job (config, log, cache, the directory if we
  *   made it) -> the record, state UNMOUNTED, to every request waiting for it.
  *   Unmounted records are kept a while: unmounting again answers the same.
+ *
+ * Who owns what: the mount request's op (struct mount_start, op->data) owns the
+ * start — the plan with the secrets, PREPARE (its main job), the preflight, WAIT
+ * (a job of its own), the deadline — until the mount is live or has failed. A
+ * request that goes away first abandons its mount (mount_release): the abort goes
+ * on without it. What comes after belongs to no request, so it is the mount's own
+ * job (struct mount_job, a plain worker job): DEAD, the CLEANUP of an abort, and
+ * the unmount, which several requests may wait for (struct waiter, an unmount op's
+ * data), which goes on when they are cancelled and which shutdown runs with none.
  */
 
-enum phase { PH_NONE, PH_PREPARE, PH_WAIT, PH_DEAD, PH_FLUSH, PH_DETACH, PH_CLEANUP };
+/* the mount's own jobs */
+enum phase { PH_NONE, PH_DEAD, PH_FLUSH, PH_DETACH, PH_CLEANUP };
 /* internal states beyond the protocol's */
 #define ST_ABORTING 100
 
@@ -55,10 +65,44 @@ enum phase { PH_NONE, PH_PREPARE, PH_WAIT, PH_DEAD, PH_FLUSH, PH_DETACH, PH_CLEA
 #define GONE_KEEP 32        /* unmounted records kept for idempotent unmounts */
 #define FUSERMOUNT_WAIT 5.0 /* fusermount3 -u: then it is killed and the mount detached lazily */
 
+struct mount;
+
+/* The mount's one job (no request drives it). */
+struct mount_job {
+	struct work work;
+	enum phase phase;
+	bool busy;
+	int rc;
+	struct shim_err err;
+	char tail[160]; /* + 80 + 10 fits an error message */
+	pid_t pid;      /* rclone's pid as the job starts */
+};
+
+/* A mount request (op->data) until its mount is live or has failed. */
+struct mount_start {
+	struct op *op;
+	struct mount *m;         /* its table entry; NULL once the request is done with it */
+	struct mount_plan *plan; /* until rclone is started: it holds the secrets */
+	bool prepared;           /* PREPARE succeeded: its results (dirs, lock) are in plan */
+	bool abort;              /* atomic: cancelled or shutdown; read by the WAIT job */
+	unsigned timeout_ms;
+	uint64_t deadline_ns;
+	struct shim_err fail;
+	/* the preflight (rclone lsf): the reaper holds the op while it runs */
+	pid_t pf_pid;
+	bool pf_timed_out;
+	/* the liveness check; PREPARE is the op's main job */
+	struct op_job wait;
+	bool waiting;
+	pid_t wait_pid;      /* rclone, for mount_record_pid */
+	ev_timer wait_timer; /* the deadline of the whole start */
+};
+
+/* An unmount request (op->data) waiting for its mount's unmount. */
 struct waiter {
 	struct waiter *next;
-	struct stream *st;
-	struct mount *m;
+	struct op *op;
+	struct mount *m; /* NULL once answered */
 };
 
 struct mount {
@@ -69,42 +113,27 @@ struct mount {
 	char path[PATH_MAX];   /* as the client gave it */
 	char real[PATH_MAX];   /* the mount point in our namespace */
 	char rundir[PATH_MAX]; /* config, log, cache */
+	char fusermount[PATH_MAX];
 	bool read_only, created_dir, tombstone;
 	int state; /* SHIM__V1__MOUNT_STATE__* or ST_ABORTING */
 	pid_t pid; /* rclone; 0 once reaped */
 	int status;
-	bool exited; /* atomic: read by the WAIT job */
-	bool abort;  /* atomic: the request is gone, or shutdown */
+	bool exited; /* atomic: read by the WAIT and FLUSH jobs */
 	char error[256];
-	unsigned timeout_ms;
-	struct stream *st; /* the mount request, until answered */
-	struct shim_err fail;
-	/* the one worker job */
-	struct work work;
-	enum phase phase;
-	bool busy;
-	struct mount_plan *plan;
-	int job_rc;
-	struct shim_err job_err;
-	char job_tail[160]; /* + 80 + 10 fits an error message */
-	pid_t job_pid;      /* rclone's pid as the job starts */
+	int lock_fd;               /* the runtime dir's flock (mount_sweep), until CLEANUP removed it */
+	struct mount_start *start; /* the mount request, while it is starting */
+	struct mount_job job;
+	/* stopping rclone */
+	int kill_stage;
+	ev_timer timer;
 	/* unmount */
 	struct waiter *waiters;
 	bool unmount_wanted, force;
 	unsigned flush_ms;
-	int kill_stage;
-	ev_timer timer;
-	char fusermount[PATH_MAX];
 	pid_t fm_pid; /* fusermount3 -u, while it runs */
 	int fm_log;   /* its stderr: rclone's log */
-	int lock_fd;  /* the runtime dir's flock (mount_sweep), until CLEANUP removed it */
 	ev_timer fm_timer;
 	bool detached; /* unmount: the mount is off the path; rclone may go */
-	/* starting: the preflight (rclone lsf), and the deadline of the whole start */
-	pid_t pf_pid;
-	bool pf_timed_out;
-	uint64_t deadline_ns;
-	ev_timer wait_timer;
 };
 
 static struct {
@@ -119,7 +148,7 @@ static struct {
 	ev_timer shutdown_timer;
 } mt;
 
-static void job_submit(struct mount *m, enum phase ph);
+static void mjob_submit(struct mount *m, enum phase ph);
 static void start_unmount(struct mount *m);
 static void abort_start(struct mount *m);
 static void rclone_exited(void *ud, pid_t pid, int status);
@@ -155,14 +184,14 @@ static void fill_record(Shim__V1__MountRecord *r, const struct mount *m)
 	r->created_dir = m->created_dir;
 }
 
-static void reply_record(struct stream *st, const struct mount *m)
+static void reply_record(struct op *op, const struct mount *m)
 {
 	Shim__V1__MountRecord r;
 	fill_record(&r, m);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_MOUNT;
 	res.mount = &r;
-	op_end_stream(st, &res);
+	op_end(op, &res);
 }
 
 /* ================================ table ================================ */
@@ -171,15 +200,10 @@ static void mount_free(struct mount *m)
 {
 	ev_timer_stop(srv->loop, &m->timer);
 	ev_timer_stop(srv->loop, &m->fm_timer);
-	ev_timer_stop(srv->loop, &m->wait_timer);
 	if (m->fm_log >= 0)
 		close(m->fm_log);
 	if (m->lock_fd >= 0)
 		close(m->lock_fd);
-	if (m->plan != NULL) {
-		mount_plan_free(m->plan);
-		free(m->plan);
-	}
 	free(m->bucket);
 	free(m->prefix);
 	free(m->endpoint);
@@ -274,8 +298,8 @@ static void stop_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		reaper_unwatch(m->pid);
 		m->pid = 0;
 		__atomic_store_n(&m->exited, true, __ATOMIC_RELEASE);
-		if (!m->busy)
-			job_submit(m, PH_CLEANUP);
+		if (!m->job.busy)
+			mjob_submit(m, PH_CLEANUP);
 		return;
 	}
 	m->kill_stage++;
@@ -313,18 +337,18 @@ static void rclone_exited(void *ud, pid_t pid, int status)
 		m->state = SHIM__V1__MOUNT_STATE__MOUNT_FAILED;
 		describe_exit(m->error, sizeof(m->error), status);
 		log_warn("mount %s at %s: %s", m->id, m->path, m->error);
-		if (!m->busy)
-			job_submit(m, PH_DEAD);
+		if (!m->job.busy)
+			mjob_submit(m, PH_DEAD);
 		break;
 	case ST_ABORTING:
-		if (!m->busy)
-			job_submit(m, PH_CLEANUP);
+		if (!m->job.busy)
+			mjob_submit(m, PH_CLEANUP);
 		break;
 	case SHIM__V1__MOUNT_STATE__MOUNT_UNMOUNTING:
 		/* before the mount is off the path, the unmount steps go on; they end in
 		 * CLEANUP themselves */
-		if (m->detached && !m->busy)
-			job_submit(m, PH_CLEANUP);
+		if (m->detached && !m->job.busy)
+			mjob_submit(m, PH_CLEANUP);
 		break;
 	case SHIM__V1__MOUNT_STATE__MOUNT_STARTING: /* the WAIT job notices */
 	case SHIM__V1__MOUNT_STATE__MOUNT_FAILED:
@@ -344,7 +368,7 @@ static void fm_done(struct mount *m)
 		close(m->fm_log);
 	m->fm_log = -1;
 	m->fm_pid = 0;
-	job_submit(m, PH_DETACH); /* does nothing if fusermount3 has unmounted it */
+	mjob_submit(m, PH_DETACH); /* does nothing if fusermount3 has unmounted it */
 }
 
 static void fm_exited(void *ud, pid_t pid, int status)
@@ -389,33 +413,21 @@ static void start_fusermount(struct mount *m)
 	ev_timer_start(srv->loop, &m->fm_timer);
 }
 
-/* ================================ jobs ================================ */
+/* ================================ the mount's own jobs ================================ */
 
-static unsigned remaining_ms(const struct mount *m)
+static void mjob_run(struct work *w)
 {
-	uint64_t now = mono_ns();
-	return now >= m->deadline_ns ? 100 : (unsigned)((m->deadline_ns - now) / 1000000u) + 1;
-}
-
-static void job_run(struct work *w)
-{
-	struct mount *m = container_of(w, struct mount, work);
-	m->job_rc = 0;
-	switch (m->phase) {
-	case PH_PREPARE:
-		m->job_rc = mount_prepare(m->plan, m->timeout_ms, &m->job_err);
-		break;
-	case PH_WAIT:
-		mount_record_pid(m->rundir, m->job_pid);
-		m->job_rc = mount_wait_live(m->real, &m->exited, &m->abort, remaining_ms(m), &m->job_err);
-		break;
+	struct mount *m = container_of(w, struct mount, job.work);
+	struct mount_job *j = &m->job;
+	j->rc = 0;
+	switch (j->phase) {
 	case PH_DEAD:
 		/* the FUSE connection is gone: cover the path (read-only), detach it */
 		if (mount_tombstone(m->real) == 0)
-			m->job_rc = 1;
+			j->rc = 1;
 		else
 			mount_detach(m->real);
-		mount_log_tail(m->rundir, m->job_tail, sizeof(m->job_tail));
+		mount_log_tail(m->rundir, j->tail, sizeof(j->tail));
 		break;
 	case PH_FLUSH: {
 		if (!m->tombstone && m->flush_ms > 0) {
@@ -425,7 +437,7 @@ static void job_run(struct work *w)
 			/* two clean looks 50 ms apart: a close that is still on its way to
 			 * rclone shows up in between */
 			for (;;) {
-				dirty = mount_dirty_count(m->rundir, m->job_pid);
+				dirty = mount_dirty_count(m->rundir, j->pid);
 				clean_scans = dirty == 0 ? clean_scans + 1 : 0;
 				if (clean_scans >= 2 || mono_ns() >= end ||
 				    __atomic_load_n(&m->exited, __ATOMIC_ACQUIRE))
@@ -434,8 +446,8 @@ static void job_run(struct work *w)
 				nanosleep(&ts, NULL);
 			}
 			if (dirty > 0 && !m->force && !__atomic_load_n(&m->exited, __ATOMIC_ACQUIRE)) {
-				m->job_rc = err_set(
-					&m->job_err, ETIMEDOUT, m->path,
+				j->rc = err_set(
+					&j->err, ETIMEDOUT, m->path,
 					"%u file(s) still uploading after %u ms; unmount again later, or with force",
 					dirty, m->flush_ms);
 				break;
@@ -444,7 +456,7 @@ static void job_run(struct work *w)
 				log_warn("mount %s: unmounting with %u file(s) not uploaded", m->id, dirty);
 		}
 		if (!m->tombstone && mount_is_fuse(m->real)) {
-			m->job_rc = 1; /* fusermount3 -u next, from the loop */
+			j->rc = 1; /* fusermount3 -u next, from the loop */
 			char logp[PATH_MAX + 16];
 			snprintf(logp, sizeof(logp), "%s/rclone.log", m->rundir);
 			m->fm_log = open(logp, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
@@ -461,7 +473,7 @@ static void job_run(struct work *w)
 		break;
 	case PH_CLEANUP:
 		if (m->state == ST_ABORTING && m->rundir[0] != '\0')
-			mount_log_tail(m->rundir, m->job_tail, sizeof(m->job_tail));
+			mount_log_tail(m->rundir, j->tail, sizeof(j->tail));
 		if (m->tombstone && umount2(m->real, MNT_DETACH | UMOUNT_NOFOLLOW) == 0)
 			m->tombstone = false;
 		mount_detach(m->real);
@@ -473,20 +485,24 @@ static void job_run(struct work *w)
 	}
 }
 
+/* The start failed (or was abandoned) and nothing of it is left: the request, if it
+ * is still there, gets the error, with rclone's last words when there are some. */
 static void finish_start_failure(struct mount *m)
 {
-	if (m->st != NULL) {
-		struct shim_err e = m->fail;
-		if (m->job_tail[0] != '\0') {
+	struct mount_start *s = m->start;
+	if (s != NULL) {
+		/* the request is done with the mount, which goes now */
+		m->start = NULL;
+		s->m = NULL;
+		struct shim_err e = s->fail;
+		if (m->job.tail[0] != '\0') {
 			/* rclone's own words decide the errno when they are clear */
-			e.code = mount_classify(m->job_tail, e.code);
+			e.code = mount_classify(m->job.tail, e.code);
 			/* the fail message is short; rclone's words get the rest of the room */
-			snprintf(e.msg, sizeof(e.msg), "%.80s; rclone: %s", m->fail.msg, m->job_tail);
+			snprintf(e.msg, sizeof(e.msg), "%.80s; rclone: %s", s->fail.msg, m->job.tail);
 		}
 		log_info("mount %s of %s at %s failed: %s", m->id, m->bucket, m->path, e.msg);
-		struct stream *st = m->st;
-		m->st = NULL;
-		stream_fail(st, &e);
+		op_fail(s->op, &e);
 	}
 	unlink_mount(m);
 	mount_free(m);
@@ -498,228 +514,53 @@ static void end_waiters(struct mount *m, const struct shim_err *e)
 	while (m->waiters != NULL) {
 		struct waiter *w = m->waiters;
 		m->waiters = w->next;
-		w->st->op_data = NULL;
+		w->m = NULL;
 		if (e != NULL)
-			stream_fail(w->st, e);
+			op_fail(w->op, e);
 		else
-			reply_record(w->st, m);
-		free(w);
+			reply_record(w->op, m);
 	}
 }
 
-/* the WAIT failed or the request went away: stop rclone, then CLEANUP */
-static void abort_start(struct mount *m)
+static void mjob_done(struct work *w)
 {
-	m->state = ST_ABORTING;
-	if (m->pid > 0)
-		stop_rclone(m, true);
-	else
-		job_submit(m, PH_CLEANUP);
-}
-
-static void arm_deadline(struct mount *m, double extra)
-{
-	ev_timer_stop(srv->loop, &m->wait_timer);
-	ev_timer_set(&m->wait_timer, remaining_ms(m) / 1000.0 + extra, 0);
-	ev_timer_start(srv->loop, &m->wait_timer);
-}
-
-/* The preflight passed: start rclone mount and wait until it is live. */
-static void start_rclone(struct mount *m)
-{
-	struct mount_plan *pl = m->plan;
-	pid_t pid = mount_spawn(pl->rclone, pl->argv, pl->envp, pl->log_fd, pl->mp_fd, pl->rundir, &m->fail);
-	if (pid > 0 && reaper_watch(pid, rclone_exited, m) < 0) {
-		kill(pid, SIGKILL);
-		err_set(&m->fail, ENOMEM, NULL, "out of memory");
-		pid = -1; /* its status is dropped by the reaper */
-	}
-	/* the secrets leave our memory: rclone has its config file */
-	mount_plan_free(pl);
-	free(pl);
-	m->plan = NULL;
-	if (pid < 0) {
-		abort_start(m);
-		return;
-	}
-	m->pid = pid;
-	log_debug("mount %s: rclone %d started for %s at %s", m->id, (int)pid, m->bucket, m->real);
-	job_submit(m, PH_WAIT);
-	/* a listing stuck in the kernel returns once rclone is gone: the timer kills it */
-	arm_deadline(m, 1.0);
-}
-
-static void pf_exited(void *ud, pid_t pid, int status)
-{
-	struct mount *m = ud;
-	(void)pid;
-	m->pf_pid = 0;
-	ev_timer_stop(srv->loop, &m->wait_timer);
-	if (__atomic_load_n(&m->abort, __ATOMIC_ACQUIRE)) {
-		err_set(&m->fail, ECANCELED, NULL, "cancelled");
-		abort_start(m);
-		return;
-	}
-	if (m->pf_timed_out) {
-		err_set(&m->fail, ETIMEDOUT, NULL, "no answer from the S3 server within %u ms", m->timeout_ms);
-		abort_start(m);
-		return;
-	}
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-		start_rclone(m);
-		return;
-	}
-	/* 3: "directory not found", rclone's word for a 404 to the listing, which S3 gives
-	 * only for a bucket that does not exist (a prefix with nothing under it lists
-	 * empty). It must fail here: rclone mount would start all the same, show an
-	 * empty directory and pass the liveness check. */
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-		err_set(&m->fail, ENOENT, m->bucket, "bucket %s does not exist", m->bucket);
-		abort_start(m);
-		return;
-	}
-	char what[96];
-	describe_exit(what, sizeof(what), status);
-	err_set(&m->fail, EIO, NULL, "cannot list the bucket (%s)", what);
-	abort_start(m);
-}
-
-static void start_preflight(struct mount *m)
-{
-	struct mount_plan *pl = m->plan;
-	pid_t pid = mount_spawn(pl->rclone, pl->pf_argv, pl->envp, pl->log_fd, -1, pl->rundir, &m->fail);
-	if (pid > 0 && reaper_watch(pid, pf_exited, m) < 0) {
-		kill(pid, SIGKILL);
-		err_set(&m->fail, ENOMEM, NULL, "out of memory");
-		pid = -1;
-	}
-	if (pid < 0) {
-		abort_start(m);
-		return;
-	}
-	m->pf_pid = pid;
-	arm_deadline(m, 0);
-}
-
-/* The start's deadline passed (or it was cancelled): a preflight still running is
- * killed; a liveness check stuck in the kernel is freed by killing rclone. */
-static void wait_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	struct mount *m = container_of(w, struct mount, wait_timer);
-	if (m->pf_pid > 0) {
-		m->pf_timed_out = true;
-		kill(-m->pf_pid, SIGKILL);
-		kill(m->pf_pid, SIGKILL);
-	} else if (m->busy && m->phase == PH_WAIT && m->pid > 0) {
-		log_info("mount %s: the mount does not answer; killing rclone %d", m->id, (int)m->pid);
-		__atomic_store_n(&m->abort, true, __ATOMIC_RELEASE);
-		kill(-m->pid, SIGKILL);
-		kill(m->pid, SIGKILL);
-	}
-}
-
-/* cancel or shutdown while starting */
-static void abort_starting(struct mount *m)
-{
-	__atomic_store_n(&m->abort, true, __ATOMIC_RELEASE);
-	ev_timer_stop(srv->loop, &m->wait_timer);
-	if (m->pf_pid > 0) {
-		ev_timer_set(&m->wait_timer, 0, 0);
-		ev_timer_start(srv->loop, &m->wait_timer);
-	} else if (m->busy && m->phase == PH_WAIT) {
-		/* the WAIT job sees the flag within 100 ms, unless stuck in the kernel */
-		ev_timer_set(&m->wait_timer, 0.5, 0);
-		ev_timer_start(srv->loop, &m->wait_timer);
-	}
-}
-
-static void job_done(struct work *w)
-{
-	struct mount *m = container_of(w, struct mount, work);
-	m->busy = false;
-	enum phase ph = m->phase;
-	m->phase = PH_NONE;
+	struct mount *m = container_of(w, struct mount, job.work);
+	struct mount_job *j = &m->job;
+	j->busy = false;
+	enum phase ph = j->phase;
+	j->phase = PH_NONE;
 	switch (ph) {
-	case PH_PREPARE: {
-		struct mount_plan *pl = m->plan;
-		snprintf(m->real, sizeof(m->real), "%s", pl->real);
-		snprintf(m->rundir, sizeof(m->rundir), "%s", pl->rundir);
-		m->created_dir = pl->created_dir;
-		snprintf(m->fusermount, sizeof(m->fusermount), "%s", pl->fusermount);
-		m->lock_fd = pl->lock_fd;
-		pl->lock_fd = -1;
-		if (m->job_rc < 0) {
-			m->fail = m->job_err;
-			finish_start_failure(m); /* prepare left nothing behind */
-			return;
-		}
-		if (__atomic_load_n(&m->abort, __ATOMIC_ACQUIRE)) {
-			err_set(&m->fail, ECANCELED, NULL, "cancelled");
-			abort_start(m);
-			return;
-		}
-		start_preflight(m);
-		return;
-	}
-	case PH_WAIT:
-		ev_timer_stop(srv->loop, &m->wait_timer);
-		if (m->job_rc == 0 && m->st != NULL && !__atomic_load_n(&m->abort, __ATOMIC_ACQUIRE)) {
-			m->state = SHIM__V1__MOUNT_STATE__MOUNT_LIVE;
-			log_info("mount %s: %s%s%s live at %s (rclone %d)", m->id, m->bucket, m->prefix ? "/" : "",
-				 m->prefix ? m->prefix : "", m->path, (int)m->pid);
-			struct stream *st = m->st;
-			m->st = NULL;
-			reply_record(st, m);
-			if (m->pid <= 0) /* died right after the check */
-				rclone_exited(m, 0, m->status);
-			else if (m->unmount_wanted)
-				start_unmount(m);
-			return;
-		}
-		if (m->job_rc == 0) {
-			err_set(&m->fail, ECANCELED, NULL, "cancelled");
-		} else if (m->pid <= 0 && m->job_err.code == EIO) {
-			char what[96];
-			describe_exit(what, sizeof(what), m->status);
-			err_set(&m->fail, EIO, NULL, "%s before the mount was live", what);
-		} else {
-			m->fail = m->job_err;
-		}
-		abort_start(m);
-		return;
 	case PH_DEAD:
-		if (m->job_rc == 1)
+		if (j->rc == 1)
 			m->tombstone = true;
-		if (m->job_tail[0] != '\0') {
+		if (j->tail[0] != '\0') {
 			char what[96];
 			snprintf(what, sizeof(what), "%.80s", m->error);
-			snprintf(m->error, sizeof(m->error), "%.80s; rclone: %s", what, m->job_tail);
+			snprintf(m->error, sizeof(m->error), "%.80s; rclone: %s", what, j->tail);
 		}
 		if (m->unmount_wanted)
 			start_unmount(m);
 		return;
 	case PH_FLUSH:
-		if (m->job_rc < 0) {
+		if (j->rc < 0) {
 			/* uploads still pending: the mount stays as it was */
 			m->state = m->pid > 0 ? SHIM__V1__MOUNT_STATE__MOUNT_LIVE : SHIM__V1__MOUNT_STATE__MOUNT_FAILED;
-			end_waiters(m, &m->job_err);
+			end_waiters(m, &j->err);
 			if (m->pid <= 0)
 				rclone_exited(m, 0, m->status);
 			return;
 		}
-		if (m->job_rc == 1)
+		if (j->rc == 1)
 			start_fusermount(m);
 		else
-			job_submit(m, PH_DETACH);
+			mjob_submit(m, PH_DETACH);
 		return;
 	case PH_DETACH:
 		m->detached = true;
 		if (m->pid > 0)
 			stop_rclone(m, false); /* it exits by itself once unmounted; CLEANUP then */
 		else
-			job_submit(m, PH_CLEANUP);
+			mjob_submit(m, PH_CLEANUP);
 		return;
 	case PH_CLEANUP:
 		if (m->lock_fd >= 0)
@@ -740,16 +581,346 @@ static void job_done(struct work *w)
 	}
 }
 
-static void job_submit(struct mount *m, enum phase ph)
+static void mjob_submit(struct mount *m, enum phase ph)
 {
-	m->phase = ph;
-	m->busy = true;
-	m->job_pid = m->pid;
-	m->job_tail[0] = '\0';
-	memset(&m->work, 0, sizeof(m->work));
-	m->work.run = job_run;
-	m->work.done = job_done;
-	worker_submit(&m->work);
+	struct mount_job *j = &m->job;
+	j->phase = ph;
+	j->busy = true;
+	j->pid = m->pid;
+	j->tail[0] = '\0';
+	memset(&j->work, 0, sizeof(j->work));
+	j->work.run = mjob_run;
+	j->work.done = mjob_done;
+	worker_submit(&j->work);
+}
+
+/* The WAIT failed, the request went away or shutdown came: stop rclone, then CLEANUP. */
+static void abort_start(struct mount *m)
+{
+	m->state = ST_ABORTING;
+	if (m->pid > 0)
+		stop_rclone(m, true);
+	else
+		mjob_submit(m, PH_CLEANUP);
+}
+
+/* ================================ starting ================================ */
+
+static unsigned remaining_ms(const struct mount_start *s)
+{
+	uint64_t now = mono_ns();
+	return now >= s->deadline_ns ? 100 : (unsigned)((s->deadline_ns - now) / 1000000u) + 1;
+}
+
+static void arm_deadline(struct mount_start *s, double extra)
+{
+	ev_timer_stop(srv->loop, &s->wait_timer);
+	ev_timer_set(&s->wait_timer, remaining_ms(s) / 1000.0 + extra, 0);
+	ev_timer_start(srv->loop, &s->wait_timer);
+}
+
+/* What PREPARE made is the mount's from now on: CLEANUP removes it. */
+static void take_prepared(struct mount *m, struct mount_plan *pl)
+{
+	snprintf(m->real, sizeof(m->real), "%s", pl->real);
+	snprintf(m->rundir, sizeof(m->rundir), "%s", pl->rundir);
+	m->created_dir = pl->created_dir;
+	snprintf(m->fusermount, sizeof(m->fusermount), "%s", pl->fusermount);
+	m->lock_fd = pl->lock_fd;
+	pl->lock_fd = -1;
+}
+
+/* On a worker: the liveness check. */
+static void wait_run(struct op_job *job)
+{
+	struct mount_start *s = container_of(job, struct mount_start, wait);
+	struct mount *m = s->m;
+	mount_record_pid(m->rundir, s->wait_pid);
+	job->rc = mount_wait_live(m->real, &m->exited, &s->abort, remaining_ms(s), &job->err);
+}
+
+static void wait_done(struct op_job *job)
+{
+	struct mount_start *s = container_of(job, struct mount_start, wait);
+	struct mount *m = s->m;
+	s->waiting = false;
+	ev_timer_stop(srv->loop, &s->wait_timer);
+	if (job->rc == 0 && !__atomic_load_n(&s->abort, __ATOMIC_ACQUIRE)) {
+		m->state = SHIM__V1__MOUNT_STATE__MOUNT_LIVE;
+		log_info("mount %s: %s%s%s live at %s (rclone %d)", m->id, m->bucket, m->prefix ? "/" : "",
+			 m->prefix ? m->prefix : "", m->path, (int)m->pid);
+		/* the mount is on its own from now on */
+		m->start = NULL;
+		s->m = NULL;
+		reply_record(s->op, m);
+		if (m->pid <= 0) /* died right after the check */
+			rclone_exited(m, 0, m->status);
+		else if (m->unmount_wanted)
+			start_unmount(m);
+		return;
+	}
+	if (job->rc == 0) {
+		err_set(&s->fail, ECANCELED, NULL, "cancelled");
+	} else if (m->pid <= 0 && job->err.code == EIO) {
+		char what[96];
+		describe_exit(what, sizeof(what), m->status);
+		err_set(&s->fail, EIO, NULL, "%s before the mount was live", what);
+	} else {
+		s->fail = job->err;
+	}
+	abort_start(m);
+}
+
+/* The preflight passed: start rclone mount and wait until it is live. */
+static void start_rclone(struct mount_start *s)
+{
+	struct mount *m = s->m;
+	struct mount_plan *pl = s->plan;
+	pid_t pid = mount_spawn(pl->rclone, pl->argv, pl->envp, pl->log_fd, pl->mp_fd, pl->rundir, &s->fail);
+	if (pid > 0 && reaper_watch(pid, rclone_exited, m) < 0) {
+		kill(pid, SIGKILL);
+		err_set(&s->fail, ENOMEM, NULL, "out of memory");
+		pid = -1; /* its status is dropped by the reaper */
+	}
+	/* the secrets leave our memory: rclone has its config file */
+	mount_plan_free(pl);
+	free(pl);
+	s->plan = NULL;
+	if (pid < 0) {
+		abort_start(m);
+		return;
+	}
+	m->pid = pid;
+	log_debug("mount %s: rclone %d started for %s at %s", m->id, (int)pid, m->bucket, m->real);
+	s->wait_pid = pid;
+	s->waiting = true;
+	s->wait.run = wait_run;
+	s->wait.done = wait_done;
+	op_submit(s->op, &s->wait);
+	/* a listing stuck in the kernel returns once rclone is gone: the timer kills it */
+	arm_deadline(s, 1.0);
+}
+
+static void pf_verdict(struct mount_start *s, int status)
+{
+	struct mount *m = s->m;
+	if (__atomic_load_n(&s->abort, __ATOMIC_ACQUIRE)) {
+		err_set(&s->fail, ECANCELED, NULL, "cancelled");
+		abort_start(m);
+		return;
+	}
+	if (s->pf_timed_out) {
+		err_set(&s->fail, ETIMEDOUT, NULL, "no answer from the S3 server within %u ms", s->timeout_ms);
+		abort_start(m);
+		return;
+	}
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+		start_rclone(s);
+		return;
+	}
+	/* 3: "directory not found", rclone's word for a 404 to the listing, which S3 gives
+	 * only for a bucket that does not exist (a prefix with nothing under it lists
+	 * empty). It must fail here: rclone mount would start all the same, show an
+	 * empty directory and pass the liveness check. */
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+		err_set(&s->fail, ENOENT, m->bucket, "bucket %s does not exist", m->bucket);
+		abort_start(m);
+		return;
+	}
+	char what[96];
+	describe_exit(what, sizeof(what), status);
+	err_set(&s->fail, EIO, NULL, "cannot list the bucket (%s)", what);
+	abort_start(m);
+}
+
+static void pf_exited(void *ud, pid_t pid, int status)
+{
+	struct mount_start *s = ud;
+	struct op *op = s->op;
+	(void)pid;
+	s->pf_pid = 0;
+	ev_timer_stop(srv->loop, &s->wait_timer);
+	/* a request that is gone has abandoned the mount (mount_release) */
+	if (op->st != NULL)
+		pf_verdict(s, status);
+	op_put(op);
+}
+
+static void start_preflight(struct mount_start *s)
+{
+	struct mount_plan *pl = s->plan;
+	pid_t pid = mount_spawn(pl->rclone, pl->pf_argv, pl->envp, pl->log_fd, -1, pl->rundir, &s->fail);
+	if (pid > 0 && reaper_watch(pid, pf_exited, s) < 0) {
+		kill(pid, SIGKILL);
+		err_set(&s->fail, ENOMEM, NULL, "out of memory");
+		pid = -1;
+	}
+	if (pid < 0) {
+		abort_start(s->m);
+		return;
+	}
+	s->pf_pid = pid;
+	op_hold(s->op); /* until pf_exited */
+	arm_deadline(s, 0);
+}
+
+/* The start's deadline passed (or it was cancelled): a preflight still running is
+ * killed; a liveness check stuck in the kernel is freed by killing rclone. */
+static void wait_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	struct mount_start *s = container_of(w, struct mount_start, wait_timer);
+	struct mount *m = s->m;
+	if (s->pf_pid > 0) {
+		s->pf_timed_out = true;
+		kill(-s->pf_pid, SIGKILL);
+		kill(s->pf_pid, SIGKILL);
+	} else if (s->waiting && m->pid > 0) {
+		log_info("mount %s: the mount does not answer; killing rclone %d", m->id, (int)m->pid);
+		__atomic_store_n(&s->abort, true, __ATOMIC_RELEASE);
+		kill(-m->pid, SIGKILL);
+		kill(m->pid, SIGKILL);
+	}
+}
+
+/* cancel or shutdown while starting */
+static void abort_starting(struct mount_start *s)
+{
+	__atomic_store_n(&s->abort, true, __ATOMIC_RELEASE);
+	ev_timer_stop(srv->loop, &s->wait_timer);
+	if (s->pf_pid > 0) {
+		ev_timer_set(&s->wait_timer, 0, 0);
+		ev_timer_start(srv->loop, &s->wait_timer);
+	} else if (s->waiting) {
+		/* the WAIT job sees the flag within 100 ms, unless stuck in the kernel */
+		ev_timer_set(&s->wait_timer, 0.5, 0);
+		ev_timer_start(srv->loop, &s->wait_timer);
+	}
+}
+
+/* ================================ mount ================================ */
+
+/* On a worker, the op's main job. */
+static int prepare_job(struct op *op, struct shim_err *err)
+{
+	struct mount_start *s = op->data;
+	int rc = mount_prepare(s->plan, s->timeout_ms, err);
+	s->prepared = rc == 0;
+	return rc;
+}
+
+static void prepare_done(struct op *op, int rc, const struct shim_err *err)
+{
+	struct mount_start *s = op->data;
+	struct mount *m = s->m;
+	if (rc < 0) {
+		s->fail = *err;
+		finish_start_failure(m); /* prepare left nothing behind */
+		return;
+	}
+	take_prepared(m, s->plan);
+	if (__atomic_load_n(&s->abort, __ATOMIC_ACQUIRE)) {
+		err_set(&s->fail, ECANCELED, NULL, "cancelled");
+		abort_start(m);
+		return;
+	}
+	start_preflight(s);
+}
+
+static void final_hook(void *ud);
+
+static int mount_begin(struct op *op, struct shim_err *err)
+{
+	const Shim__V1__MountRequest *q = op->req->mount;
+	/* cheap checks first, here; the filesystem ones on the worker */
+	if (mount_check_request(q, err) < 0)
+		return -1;
+	if (mt.n >= MOUNT_MAX)
+		return err_set(err, EMFILE, NULL, "too many mounts (at most %d)", MOUNT_MAX);
+
+	struct mount_start *s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	s->op = op;
+	ev_init(&s->wait_timer, wait_timer_cb);
+	op->data = s;
+	struct mount *m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	m->fm_log = -1;
+	m->lock_fd = -1;
+	ev_init(&m->timer, stop_timer_cb);
+	ev_init(&m->fm_timer, fm_timer_cb);
+	memcpy(m->path, q->path.data, q->path.len);
+	while (strlen(m->path) > 1 && m->path[strlen(m->path) - 1] == '/')
+		m->path[strlen(m->path) - 1] = '\0';
+	if (find(mt.list, NULL, m->path) != NULL) {
+		mount_free(m);
+		return err_setn(err, EBUSY, q->path.data, q->path.len < 1024 ? q->path.len : 1023,
+				"a mount at this path exists already");
+	}
+	uuid4(m->id);
+	time_t now = time(NULL);
+	struct tm tm;
+	gmtime_r(&now, &tm);
+	strftime(m->created_at, sizeof(m->created_at), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	bool has_prefix = q->prefix != NULL && q->prefix[0] != '\0';
+	m->bucket = strdup(q->bucket);
+	m->prefix = has_prefix ? strdup(q->prefix) : NULL;
+	m->endpoint = strdup(q->endpoint);
+	m->read_only = q->has_read_only && q->read_only;
+	m->state = SHIM__V1__MOUNT_STATE__MOUNT_STARTING;
+	if (m->bucket == NULL || m->endpoint == NULL || (has_prefix && m->prefix == NULL)) {
+		mount_free(m);
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	}
+	s->timeout_ms = q->has_timeout_ms ? q->timeout_ms : MOUNT_DEFAULT_TIMEOUT_MS;
+	s->deadline_ns = mono_ns() + (uint64_t)s->timeout_ms * 1000000u;
+	s->plan = mount_plan_new(q, m->path, m->id, srv->cfg.state_dir, err);
+	if (s->plan == NULL) {
+		mount_free(m);
+		return -1;
+	}
+	if (!mt.hook && init_at_shutdown(final_hook, NULL) == 0)
+		mt.hook = true;
+	m->next = mt.list;
+	mt.list = m;
+	mt.n++;
+	m->start = s;
+	s->m = m;
+	op_run_job(op); /* PREPARE */
+	return 0;
+}
+
+static void mount_cancel(struct op *op)
+{
+	struct mount_start *s = op->data;
+	if (s->m != NULL) /* else final_hook has taken the mount */
+		abort_starting(s);
+}
+
+static void mount_release(struct op *op)
+{
+	struct mount_start *s = op->data;
+	if (s == NULL)
+		return;
+	ev_timer_stop(srv->loop, &s->wait_timer);
+	struct mount *m = s->m;
+	if (m != NULL) {
+		/* the request went away while its mount was starting: the mount is
+		 * abandoned, and removed without it (what PREPARE made included) */
+		m->start = NULL;
+		if (s->prepared && m->rundir[0] == '\0')
+			take_prepared(m, s->plan);
+		if (m->state == SHIM__V1__MOUNT_STATE__MOUNT_STARTING)
+			abort_start(m);
+	}
+	if (s->plan != NULL) {
+		mount_plan_free(s->plan);
+		free(s->plan);
+	}
+	free(s);
 }
 
 /* ================================ unmount ================================ */
@@ -759,28 +930,12 @@ static void start_unmount(struct mount *m)
 	m->unmount_wanted = false;
 	m->state = SHIM__V1__MOUNT_STATE__MOUNT_UNMOUNTING;
 	m->detached = false;
-	job_submit(m, PH_FLUSH);
+	mjob_submit(m, PH_FLUSH);
 }
 
-static void waiter_cancel(struct stream *st)
+static int unmount_begin(struct op *op, struct shim_err *err)
 {
-	struct waiter *w = st->op_data;
-	if (w == NULL)
-		return;
-	for (struct waiter **p = &w->m->waiters; *p != NULL; p = &(*p)->next) {
-		if (*p == w) {
-			*p = w->next;
-			break;
-		}
-	}
-	free(w);
-}
-
-static const struct stream_ops waiter_ops = {.cancel = waiter_cancel};
-
-int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	const Shim__V1__UnmountRequest *u = req->unmount;
+	const Shim__V1__UnmountRequest *u = op->req->unmount;
 	char path[PATH_MAX];
 	const char *id = u->id != NULL && u->id[0] != '\0' ? u->id : NULL;
 	const char *p = NULL;
@@ -801,7 +956,7 @@ int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 		struct mount *g = find(mt.gone, id, p);
 		if (g == NULL)
 			return err_set(err, ENOENT, id != NULL ? id : p, "no such mount");
-		reply_record(st, g); /* already unmounted: the same answer again */
+		reply_record(op, g); /* already unmounted: the same answer again */
 		return 0;
 	}
 	if (m->state == SHIM__V1__MOUNT_STATE__MOUNT_STARTING || m->state == ST_ABORTING)
@@ -809,37 +964,49 @@ int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err 
 	struct waiter *w = calloc(1, sizeof(*w));
 	if (w == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	w->st = st;
+	w->op = op;
 	w->m = m;
 	w->next = m->waiters;
 	m->waiters = w;
-	st->ops = &waiter_ops;
-	st->op_data = w;
+	op->data = w;
 	if (m->state == SHIM__V1__MOUNT_STATE__MOUNT_UNMOUNTING)
 		return 0; /* joins the unmount under way */
 	m->force = u->has_force && u->force;
 	m->flush_ms = u->has_flush_timeout_ms ? u->flush_timeout_ms : MOUNT_DEFAULT_FLUSH_MS;
 	if (m->flush_ms > MOUNT_MAX_TIMEOUT_MS)
 		m->flush_ms = MOUNT_MAX_TIMEOUT_MS;
-	if (m->busy)
+	if (m->job.busy)
 		m->unmount_wanted = true; /* after the DEAD job */
 	else
 		start_unmount(m);
 	return 0;
 }
 
+/* Answered or gone: a request that goes first leaves the unmount to go on. */
+static void unmount_release(struct op *op)
+{
+	struct waiter *w = op->data;
+	if (w == NULL)
+		return;
+	if (w->m != NULL) {
+		for (struct waiter **p = &w->m->waiters; *p != NULL; p = &(*p)->next) {
+			if (*p == w) {
+				*p = w->next;
+				break;
+			}
+		}
+	}
+	free(w);
+}
+
 /* ================================ list ================================ */
 
-int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int mounts_begin(struct op *op, struct shim_err *err)
 {
-	(void)req;
-	Shim__V1__MountRecord *recs = calloc(mt.n ? mt.n : 1, sizeof(*recs));
-	Shim__V1__MountRecord **ptrs = calloc(mt.n ? mt.n : 1, sizeof(*ptrs));
-	if (recs == NULL || ptrs == NULL) {
-		free(recs);
-		free(ptrs);
+	Shim__V1__MountRecord *cleanup_free recs = calloc(mt.n ? mt.n : 1, sizeof(*recs));
+	Shim__V1__MountRecord **cleanup_free ptrs = calloc(mt.n ? mt.n : 1, sizeof(*ptrs));
+	if (recs == NULL || ptrs == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
 	size_t n = 0;
 	for (struct mount *m = mt.list; m != NULL; m = m->next) {
 		fill_record(&recs[n], m);
@@ -852,83 +1019,7 @@ int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_MOUNTS;
 	res.mounts = &l;
-	op_end_stream(st, &res);
-	free(recs);
-	free(ptrs);
-	return 0;
-}
-
-/* ================================ mount ================================ */
-
-static void mount_stream_cancel(struct stream *st)
-{
-	struct mount *m = st->op_data;
-	if (m == NULL)
-		return;
-	m->st = NULL;
-	abort_starting(m);
-}
-
-static const struct stream_ops mount_ops = {.cancel = mount_stream_cancel};
-
-static void final_hook(void *ud);
-
-int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	const Shim__V1__MountRequest *q = req->mount;
-	/* cheap checks first, here; the filesystem ones on the worker */
-	if (mount_check_request(q, err) < 0)
-		return -1;
-	if (mt.n >= MOUNT_MAX)
-		return err_set(err, EMFILE, NULL, "too many mounts (at most %d)", MOUNT_MAX);
-
-	struct mount *m = calloc(1, sizeof(*m));
-	if (m == NULL)
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	m->fm_log = -1;
-	m->lock_fd = -1;
-	memcpy(m->path, q->path.data, q->path.len);
-	while (strlen(m->path) > 1 && m->path[strlen(m->path) - 1] == '/')
-		m->path[strlen(m->path) - 1] = '\0';
-	if (find(mt.list, NULL, m->path) != NULL) {
-		mount_free(m);
-		return err_setn(err, EBUSY, q->path.data, q->path.len < 1024 ? q->path.len : 1023,
-				"a mount at this path exists already");
-	}
-	uuid4(m->id);
-	time_t now = time(NULL);
-	struct tm tm;
-	gmtime_r(&now, &tm);
-	strftime(m->created_at, sizeof(m->created_at), "%Y-%m-%dT%H:%M:%SZ", &tm);
-	bool has_prefix = q->prefix != NULL && q->prefix[0] != '\0';
-	m->bucket = strdup(q->bucket);
-	m->prefix = has_prefix ? strdup(q->prefix) : NULL;
-	m->endpoint = strdup(q->endpoint);
-	m->read_only = q->has_read_only && q->read_only;
-	m->timeout_ms = q->has_timeout_ms ? q->timeout_ms : MOUNT_DEFAULT_TIMEOUT_MS;
-	m->deadline_ns = mono_ns() + (uint64_t)m->timeout_ms * 1000000u;
-	m->state = SHIM__V1__MOUNT_STATE__MOUNT_STARTING;
-	ev_init(&m->timer, stop_timer_cb);
-	ev_init(&m->fm_timer, fm_timer_cb);
-	ev_init(&m->wait_timer, wait_timer_cb);
-	if (m->bucket == NULL || m->endpoint == NULL || (has_prefix && m->prefix == NULL)) {
-		mount_free(m);
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
-	m->plan = mount_plan_new(q, m->path, m->id, srv->cfg.state_dir, err);
-	if (m->plan == NULL) {
-		mount_free(m);
-		return -1;
-	}
-	if (!mt.hook && init_at_shutdown(final_hook, NULL) == 0)
-		mt.hook = true;
-	m->next = mt.list;
-	mt.list = m;
-	mt.n++;
-	m->st = st;
-	st->ops = &mount_ops;
-	st->op_data = m;
-	job_submit(m, PH_PREPARE);
+	op_end(op, &res);
 	return 0;
 }
 
@@ -962,11 +1053,12 @@ bool op_mount_shutdown_begin(struct server *s, void (*then)(struct server *s))
 			m->flush_ms = flush;
 		switch (m->state) {
 		case SHIM__V1__MOUNT_STATE__MOUNT_STARTING:
-			abort_starting(m);
+			if (m->start != NULL)
+				abort_starting(m->start);
 			break;
 		case SHIM__V1__MOUNT_STATE__MOUNT_LIVE:
 		case SHIM__V1__MOUNT_STATE__MOUNT_FAILED:
-			if (m->busy)
+			if (m->job.busy)
 				m->unmount_wanted = true;
 			else
 				start_unmount(m);
@@ -982,6 +1074,21 @@ bool op_mount_shutdown_begin(struct server *s, void (*then)(struct server *s))
 	return true;
 }
 
+/* The job of m on a worker now, if any: its own, or its mount request's. */
+static const struct work *job_in_flight(const struct mount *m)
+{
+	if (m->job.busy)
+		return &m->job.work;
+	if (m->start != NULL && m->start->op->jobs != NULL)
+		return &m->start->op->jobs->work;
+	return NULL;
+}
+
+static bool job_running(const struct work *w)
+{
+	return w != NULL && __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != WORK_FINISHED;
+}
+
 /* After the loop: whatever is left (a stuck unmount, a shutdown that timed out) is
  * detached and its files removed, here, synchronously. */
 static void final_hook(void *ud)
@@ -993,33 +1100,33 @@ static void final_hook(void *ud)
 		mt.n--;
 		/* a job still running (the loop ended as rclone exited, say): give it a
 		 * moment; its done() will never run, so its work is finished here */
-		for (int i = 0;
-		     i < 100 && m->busy && __atomic_load_n(&m->work.state, __ATOMIC_ACQUIRE) != WORK_FINISHED; i++) {
+		const struct work *w = job_in_flight(m);
+		for (int i = 0; i < 100 && job_running(w); i++) {
 			struct timespec ts = {0, 50 * 1000000L};
 			nanosleep(&ts, NULL);
 		}
-		if (m->busy && __atomic_load_n(&m->work.state, __ATOMIC_ACQUIRE) != WORK_FINISHED) {
+		if (job_running(w)) {
 			/* stuck on a worker thread: leave its memory to it */
 			log_warn("mount %s: still busy at exit; detaching %s", m->id, m->real);
 			if (m->real[0] != '\0')
 				umount2(m->real, MNT_DETACH | UMOUNT_NOFOLLOW);
 			continue;
 		}
-		if (m->plan != NULL && m->rundir[0] == '\0') {
+		struct mount_start *s = m->start;
+		if (s != NULL) {
 			/* PREPARE finished but done() never ran: take its results */
-			snprintf(m->real, sizeof(m->real), "%s", m->plan->real);
-			snprintf(m->rundir, sizeof(m->rundir), "%s", m->plan->rundir);
-			m->created_dir = m->plan->created_dir;
+			if (s->prepared && m->rundir[0] == '\0')
+				take_prepared(m, s->plan);
+			/* its op is freed later, by the connection's close, without the mount */
+			s->m = NULL;
+			m->start = NULL;
 		}
 		/* streams still open are cancelled later by the connection's close */
 		while (m->waiters != NULL) {
-			struct waiter *w = m->waiters;
-			m->waiters = w->next;
-			w->st->op_data = NULL;
-			free(w);
+			struct waiter *wt = m->waiters;
+			m->waiters = wt->next;
+			wt->m = NULL;
 		}
-		if (m->st != NULL)
-			m->st->op_data = NULL;
 		if (m->pid > 0)
 			kill(m->pid, SIGKILL);
 		if (m->real[0] != '\0') {
@@ -1039,7 +1146,17 @@ static void final_hook(void *ud)
 	mt.n_gone = 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_mount_kind = {SHIM__V1__REQUEST__KIND_MOUNT, "mount", 0, .legacy = op_mount};
-const struct op_kind op_mounts_kind = {SHIM__V1__REQUEST__KIND_MOUNTS, "mounts", 0, .legacy = op_mounts};
-const struct op_kind op_unmount_kind = {SHIM__V1__REQUEST__KIND_UNMOUNT, "unmount", 0, .legacy = op_unmount};
+/* A mount request owns the start; the steps after it are the mount's own (above). */
+const struct op_kind op_mount_kind = {SHIM__V1__REQUEST__KIND_MOUNT,
+				      "mount",
+				      0,
+				      .start = mount_begin,
+				      .job = prepare_job,
+				      .job_done = prepare_done,
+				      .cancel = mount_cancel,
+				      .release = mount_release};
+/* the table is the loop's: listed there and then */
+const struct op_kind op_mounts_kind = {SHIM__V1__REQUEST__KIND_MOUNTS, "mounts", 0, .start = mounts_begin};
+/* waits for the mount's unmount (or answers at once) */
+const struct op_kind op_unmount_kind = {SHIM__V1__REQUEST__KIND_UNMOUNT, "unmount", 0, .start = unmount_begin,
+					.release = unmount_release};

@@ -52,8 +52,8 @@ struct tunnel {
 	struct tunnel *next;
 	char id[16];
 	enum tun_kind kind;
-	struct stream *st; /* the tunnel's own stream */
-	char host[64];     /* inside: listened on (reverse) or connected to (forward) */
+	struct op *op; /* the tunnel's own request (its stream: op->st); the tunnel is its op->data */
+	char host[64]; /* inside: listened on (reverse) or connected to (forward) */
 	uint32_t port;
 	char remote[128];
 	int lfd; /* reverse: the listening socket */
@@ -72,8 +72,8 @@ struct tunnel {
 
 struct tconn {
 	struct tconn *next, *prev;
-	struct tunnel *t; /* NULL: a connection outside any tunnel */
-	struct stream *st;
+	struct tunnel *t; /* NULL: a connection outside any tunnel (or out of it: tc_detach) */
+	struct op *op;    /* its request (connect or accept); the tconn is its op->data */
 	int fd;
 	ev_io rio, wio;
 	ev_timer ctimer;
@@ -156,25 +156,41 @@ static struct tunnel *tunnel_find(const char *id)
 static void tc_read(struct tconn *tc);
 static void tc_flush(struct tconn *tc);
 
-/* Stop everything and release the socket; the stream is the caller's to end. */
-static void tc_free(struct tconn *tc)
+/* Off the loop and out of its tunnel, as its stream ends: a tunnel's teardown ends
+ * the streams of the connections it still lists, so a connection leaves the list when
+ * its stream goes, not when its op is freed. Idempotent. */
+static void tc_detach(struct tconn *tc)
 {
 	struct ev_loop *loop = srv->loop;
 	ev_io_stop(loop, &tc->rio);
 	ev_io_stop(loop, &tc->wio);
 	ev_timer_stop(loop, &tc->ctimer);
+	struct tunnel *t = tc->t;
+	if (t == NULL)
+		return;
+	if (tc->prev != NULL)
+		tc->prev->next = tc->next;
+	else
+		t->conns = tc->next;
+	if (tc->next != NULL)
+		tc->next->prev = tc->prev;
+	t->active--;
+	tc->t = NULL;
+}
+
+static void tc_cancel(struct op *op)
+{
+	tc_detach(op->data);
+}
+
+static void tc_release(struct op *op)
+{
+	struct tconn *tc = op->data;
+	if (tc == NULL)
+		return;
+	tc_detach(tc);
 	if (tc->fd >= 0)
 		close(tc->fd);
-	struct tunnel *t = tc->t;
-	if (t != NULL) {
-		if (tc->prev != NULL)
-			tc->prev->next = tc->next;
-		else
-			t->conns = tc->next;
-		if (tc->next != NULL)
-			tc->next->prev = tc->prev;
-		t->active--;
-	}
 	if (tc->wbuf != NULL) {
 		budget_free(tc->wbuf, tc->wcap);
 		budget_give(tc->wcap);
@@ -182,14 +198,15 @@ static void tc_free(struct tconn *tc)
 	free(tc);
 }
 
+/* End the stream with ERROR; tc goes with its op. */
 static void tc_fail(struct tconn *tc, int code, const char *what)
 {
-	struct stream *st = tc->st;
+	struct op *op = tc->op;
 	struct shim_err e;
 	err_set(&e, code, tc->target, "%s", what);
 	log_debug("tunnel conn %s: %s: %s", tc->target, what, strerror(code));
-	tc_free(tc);
-	stream_fail(st, &e);
+	tc_detach(tc);
+	op_fail(op, &e);
 }
 
 /* Both directions are finished: END with the byte counts. */
@@ -197,33 +214,29 @@ static void tc_check_done(struct tconn *tc)
 {
 	if (!tc->eof_sent || !tc->shut_wr)
 		return;
-	struct stream *st = tc->st;
 	Shim__V1__TunnelConnEnd ce = SHIM__V1__TUNNEL_CONN_END__INIT;
 	ce.bytes_in = tc->bytes_in;
 	ce.bytes_out = tc->bytes_out;
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_TUNNEL_CONN;
 	res.tunnel_conn = &ce;
-	tc_free(tc);
-	op_end_stream(st, &res);
+	struct op *op = tc->op;
+	tc_detach(tc);
+	op_end(op, &res);
 }
 
-static void tc_cancel(struct stream *st)
+static void tc_writable(struct op *op)
 {
-	tc_free(st->op_data);
-}
-
-static void tc_writable(struct stream *st)
-{
-	tc_read(st->op_data);
+	tc_read(op->data);
 }
 
 /* DATA from the client: straight into the socket if it takes it, else buffered (never
  * more than the credit we granted); credit goes back as the socket takes the bytes,
  * so a slow reader inside stops only this connection's sender. */
-static int tc_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+static int tc_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct tconn *tc = st->op_data;
+	struct tconn *tc = op->data;
+	struct stream *st = op->st;
 	if (len > 0 && tc->wlen == 0 && !tc->connecting) {
 		ssize_t w = send(tc->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -269,12 +282,10 @@ static int tc_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, 
 	return 0;
 }
 
-static const struct stream_ops tc_ops = {.data = tc_data, .writable = tc_writable, .cancel = tc_cancel};
-
 /* Socket -> client, as far as credit and the connection's output room allow. */
 static void tc_read(struct tconn *tc)
 {
-	struct stream *st = tc->st;
+	struct stream *st = tc->op->st;
 	if (tc->eof_sent || tc->connecting)
 		return;
 	for (int round = 0; round < TUN_READ_ROUNDS; round++) {
@@ -332,8 +343,8 @@ static void tc_start_relay(struct tconn *tc)
 	Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
 	ev.kind_case = SHIM__V1__EVENT__KIND_TUNNEL_CONNECTED;
 	ev.tunnel_connected = &tcd;
-	send_event(tc->st, &ev);
-	stream_grant(tc->st, TUN_EXTRA_WINDOW);
+	send_event(tc->op->st, &ev);
+	stream_grant(tc->op->st, TUN_EXTRA_WINDOW);
 	/* client bytes (or its FIN) that came while connecting go out when writable */
 	if (tc->wlen > 0 || tc->client_fin)
 		ev_io_start(srv->loop, &tc->wio);
@@ -360,7 +371,7 @@ static void tc_flush(struct tconn *tc)
 		tc->bytes_in += (uint64_t)w;
 		if (tc->t != NULL)
 			tc->t->bytes_in += (uint64_t)w;
-		stream_grant(tc->st, (uint32_t)w);
+		stream_grant(tc->op->st, (uint32_t)w);
 	}
 	tc->woff = 0;
 	ev_io_stop(srv->loop, &tc->wio);
@@ -403,12 +414,12 @@ static void tc_connect_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents
 	tc_fail(container_of(w, struct tconn, ctimer), ETIMEDOUT, "connect");
 }
 
-static struct tconn *tc_new(struct stream *st, struct tunnel *t, int fd, const char *target)
+static struct tconn *tc_new(struct op *op, struct tunnel *t, int fd, const char *target)
 {
 	struct tconn *tc = calloc(1, sizeof(*tc));
 	if (tc == NULL)
 		return NULL;
-	tc->st = st;
+	tc->op = op;
 	tc->fd = fd;
 	snprintf(tc->target, sizeof(tc->target), "%s", target);
 	ev_io_init(&tc->rio, tc_read_cb, fd, EV_READ);
@@ -423,8 +434,7 @@ static struct tconn *tc_new(struct stream *st, struct tunnel *t, int fd, const c
 		t->active++;
 		t->total++;
 	}
-	st->ops = &tc_ops;
-	st->op_data = tc;
+	op->data = tc;
 	return tc;
 }
 
@@ -462,13 +472,10 @@ static void tunnel_teardown(struct tunnel *t)
 	}
 	while (t->conns != NULL) {
 		struct tconn *tc = t->conns;
-		struct stream *st = tc->st;
-		char target[80];
-		snprintf(target, sizeof(target), "%s", tc->target);
-		tc_free(tc);
 		struct shim_err e;
-		err_set(&e, ECONNABORTED, target, "tunnel %s closed", t->id);
-		stream_fail(st, &e);
+		err_set(&e, ECONNABORTED, tc->target, "tunnel %s closed", t->id);
+		tc_detach(tc);
+		op_fail(tc->op, &e);
 	}
 	for (struct tunnel **pp = &tunnels; *pp != NULL; pp = &(*pp)->next) {
 		if (*pp == t) {
@@ -489,7 +496,7 @@ static void tunnel_info(const struct tunnel *t, Shim__V1__TunnelInfo *ti)
 	ti->host = (char *)t->host;
 	ti->port = t->port;
 	ti->remote = (char *)t->remote;
-	ti->client = (char *)t->st->conn->peer;
+	ti->client = (char *)t->op->st->conn->peer;
 	ti->has_active = ti->has_total = ti->has_bytes_in = ti->has_bytes_out = 1;
 	ti->active = t->active;
 	ti->total = t->total;
@@ -497,14 +504,15 @@ static void tunnel_info(const struct tunnel *t, Shim__V1__TunnelInfo *ti)
 	ti->bytes_out = t->bytes_out;
 }
 
-static void tunnel_stream_cancel(struct stream *st)
+static void tunnel_cancel(struct op *op)
 {
-	struct tunnel *t = st->op_data;
-	tunnel_teardown(t);
-	free(t);
+	tunnel_teardown(op->data);
 }
 
-static const struct stream_ops tunnel_ops = {.cancel = tunnel_stream_cancel};
+static void tunnel_release(struct op *op)
+{
+	free(op->data);
+}
 
 static void ptimer_arm(struct tunnel *t)
 {
@@ -536,7 +544,7 @@ static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 	for (int round = 0; round < TUN_ACCEPT_ROUNDS; round++) {
 		/* the owner is not reading its connection: do not queue announcements it
 		 * does not take (retried by the timer) */
-		if (t->npending >= TUN_PENDING_MAX || t->st->conn->outlen > TUN_OWNER_OUT_MAX) {
+		if (t->npending >= TUN_PENDING_MAX || t->op->st->conn->outlen > TUN_OWNER_OUT_MAX) {
 			/* the client is not claiming them: let the kernel's backlog hold the
 			 * rest (resumed as pending ones are claimed or expire) */
 			listen_stop(t);
@@ -575,7 +583,7 @@ static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 		Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
 		ev.kind_case = SHIM__V1__EVENT__KIND_TUNNEL_INCOMING;
 		ev.tunnel_incoming = &in;
-		send_event(t->st, &ev);
+		send_event(t->op->st, &ev);
 		ptimer_arm(t);
 	}
 }
@@ -602,7 +610,7 @@ static void ptimer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		ev_timer_stop(loop, w);
 }
 
-static struct tunnel *tunnel_new(struct stream *st, enum tun_kind kind, const char *remote, struct shim_err *err)
+static struct tunnel *tunnel_new(struct op *op, enum tun_kind kind, const char *remote, struct shim_err *err)
 {
 	if (ntunnels >= TUN_MAX) {
 		err_set(err, EAGAIN, NULL, "too many tunnels (limit %u)", TUN_MAX);
@@ -615,7 +623,7 @@ static struct tunnel *tunnel_new(struct stream *st, enum tun_kind kind, const ch
 	}
 	snprintf(t->id, sizeof(t->id), "t%" PRIu64, next_tunnel++);
 	t->kind = kind;
-	t->st = st;
+	t->op = op;
 	t->lfd = -1;
 	t->lfd6 = -1;
 	snprintf(t->remote, sizeof(t->remote), "%s", remote != NULL ? remote : "");
@@ -631,8 +639,7 @@ static void tunnel_publish(struct tunnel *t)
 	t->next = tunnels;
 	tunnels = t;
 	ntunnels++;
-	t->st->ops = &tunnel_ops;
-	t->st->op_data = t;
+	t->op->data = t;
 	Shim__V1__TunnelReady r = SHIM__V1__TUNNEL_READY__INIT;
 	r.tunnel_id = t->id;
 	r.host = t->host;
@@ -640,9 +647,9 @@ static void tunnel_publish(struct tunnel *t)
 	Shim__V1__Event ev = SHIM__V1__EVENT__INIT;
 	ev.kind_case = SHIM__V1__EVENT__KIND_TUNNEL_READY;
 	ev.tunnel_ready = &r;
-	send_event(t->st, &ev);
+	send_event(t->op->st, &ev);
 	log_info("tunnel %s: %s %s:%u (%s) for %s", t->id, t->kind == TUN_FORWARD ? "forward to" : "listening on",
-		 t->host, t->port, t->remote[0] ? t->remote : "-", t->st->conn->peer);
+		 t->host, t->port, t->remote[0] ? t->remote : "-", t->op->st->conn->peer);
 }
 
 /* A listening socket on ss: SO_REUSEADDR (a port in TIME_WAIT is reused; one
@@ -734,9 +741,9 @@ static int listen_loopback(uint32_t port, int backlog, int *fd4, int *fd6, struc
 	}
 }
 
-int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int tunnel_listen_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__TunnelListenRequest *r = req->tunnel_listen;
+	const Shim__V1__TunnelListenRequest *r = op->req->tunnel_listen;
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	char host[64];
@@ -762,7 +769,7 @@ int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shi
 	socklen_t bl = sizeof(bound);
 	if (getsockname(fd, (struct sockaddr *)&bound, &bl) < 0)
 		return err_set(err, errno, host, "getsockname");
-	struct tunnel *t = tunnel_new(st, TUN_REVERSE, r->remote, err);
+	struct tunnel *t = tunnel_new(op, TUN_REVERSE, r->remote, err);
 	if (t == NULL)
 		return -1;
 	snprintf(t->host, sizeof(t->host), "%s", host);
@@ -780,9 +787,9 @@ int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shi
 	return 0;
 }
 
-int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int tunnel_forward_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__TunnelForwardRequest *r = req->tunnel_forward;
+	const Shim__V1__TunnelForwardRequest *r = op->req->tunnel_forward;
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	char host[64];
@@ -790,7 +797,7 @@ int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct sh
 		return err_set(err, EINVAL, NULL, "port %u out of range (1-65535)", r->port);
 	if (parse_addr(r->host, r->port, &ss, &sl, host, sizeof(host), err) < 0)
 		return -1;
-	struct tunnel *t = tunnel_new(st, TUN_FORWARD, r->remote, err);
+	struct tunnel *t = tunnel_new(op, TUN_FORWARD, r->remote, err);
 	if (t == NULL)
 		return -1;
 	snprintf(t->host, sizeof(t->host), "%s", host);
@@ -799,14 +806,14 @@ int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct sh
 	return 0;
 }
 
-int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int tunnel_connect_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__TunnelConnectRequest *r = req->tunnel_connect;
+	const Shim__V1__TunnelConnectRequest *r = op->req->tunnel_connect;
 	struct tunnel *t = NULL;
 	if (r->tunnel_id != NULL && r->tunnel_id[0] != '\0') {
 		t = tunnel_find(r->tunnel_id);
 		/* connections join only the caller's own tunnels */
-		if (t == NULL || t->kind != TUN_FORWARD || t->st->conn != st->conn)
+		if (t == NULL || t->kind != TUN_FORWARD || t->op->st->conn != op->st->conn)
 			return err_set(err, ENOENT, r->tunnel_id, "no such forward tunnel on this connection");
 	}
 	const char *host = r->host != NULL && r->host[0] != '\0' ? r->host : t != NULL ? t->host : NULL;
@@ -828,7 +835,7 @@ int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct sh
 			return err_set(err, errno, where, "connect");
 		inprogress = true;
 	}
-	struct tconn *tc = tc_new(st, t, fd, where);
+	struct tconn *tc = tc_new(op, t, fd, where);
 	if (tc == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	fd = -1;
@@ -844,11 +851,11 @@ int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct sh
 	return 0;
 }
 
-int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int tunnel_accept_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__TunnelAcceptRequest *r = req->tunnel_accept;
+	const Shim__V1__TunnelAcceptRequest *r = op->req->tunnel_accept;
 	struct tunnel *t = tunnel_find(r->tunnel_id);
-	if (t == NULL || t->kind != TUN_REVERSE || t->st->conn != st->conn)
+	if (t == NULL || t->kind != TUN_REVERSE || t->op->st->conn != op->st->conn)
 		return err_set(err, ENOENT, r->tunnel_id, "no such reverse tunnel on this connection");
 	struct tpending *p = NULL;
 	for (struct tpending **pp = &t->pending; *pp != NULL; pp = &(*pp)->next) {
@@ -870,12 +877,12 @@ int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shi
 		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 		res.kind_case = SHIM__V1__RESULT__KIND_DONE;
 		res.done = &d;
-		op_end_stream(st, &res);
+		op_end(op, &res);
 		return 0;
 	}
 	char peer[80];
 	fd_addr(p->fd, true, peer, sizeof(peer));
-	struct tconn *tc = tc_new(st, t, p->fd, peer);
+	struct tconn *tc = tc_new(op, t, p->fd, peer);
 	if (tc == NULL) {
 		pending_close(p, true);
 		return err_set(err, ENOMEM, NULL, "out of memory");
@@ -885,16 +892,12 @@ int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shi
 	return 0;
 }
 
-int op_tunnel_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int tunnels_start(struct op *op, struct shim_err *err)
 {
-	(void)req;
-	Shim__V1__TunnelInfo *infos = calloc(ntunnels ? ntunnels : 1, sizeof(*infos));
-	Shim__V1__TunnelInfo **ptrs = calloc(ntunnels ? ntunnels : 1, sizeof(*ptrs));
-	if (infos == NULL || ptrs == NULL) {
-		free(infos);
-		free(ptrs);
+	Shim__V1__TunnelInfo cleanup_free *infos = calloc(ntunnels ? ntunnels : 1, sizeof(*infos));
+	Shim__V1__TunnelInfo cleanup_free **ptrs = calloc(ntunnels ? ntunnels : 1, sizeof(*ptrs));
+	if (infos == NULL || ptrs == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
 	size_t n = 0;
 	/* oldest first: the list is kept newest first */
 	for (struct tunnel *t = tunnels; t != NULL; t = t->next)
@@ -911,43 +914,56 @@ int op_tunnel_list(struct stream *st, const Shim__V1__Request *req, struct shim_
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_TUNNELS;
 	res.tunnels = &tl;
-	op_end_stream(st, &res);
-	free(infos);
-	free(ptrs);
+	op_end(op, &res);
 	return 0;
 }
 
-int op_tunnel_close(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int tunnel_close_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__TunnelCloseRequest *r = req->tunnel_close;
+	const Shim__V1__TunnelCloseRequest *r = op->req->tunnel_close;
 	struct tunnel *t = tunnel_find(r->tunnel_id);
 	if (t == NULL)
 		return err_set(err, ENOENT, r->tunnel_id, "no such tunnel");
 	tunnel_teardown(t);
-	/* the owner's stream ends with the final figures */
+	/* the owner's stream ends with the final figures (and t with its op) */
 	Shim__V1__TunnelInfo ti;
 	tunnel_info(t, &ti);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_TUNNEL;
 	res.tunnel = &ti;
-	struct stream *owner = t->st;
-	char peer[96];
-	snprintf(peer, sizeof(peer), "%s", owner->conn->peer);
-	ti.client = peer;
-	op_end_stream(owner, &res);
-	free(t);
+	op_end(t->op, &res);
 	Shim__V1__Done d = SHIM__V1__DONE__INIT;
 	Shim__V1__Result done = SHIM__V1__RESULT__INIT;
 	done.kind_case = SHIM__V1__RESULT__KIND_DONE;
 	done.done = &d;
-	op_end_stream(st, &done);
+	op_end(op, &done);
 	return 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_tunnel_listen_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen", 0, .legacy = op_tunnel_listen};
-const struct op_kind op_tunnel_forward_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward", 0, .legacy = op_tunnel_forward};
-const struct op_kind op_tunnel_connect_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT, "tunnel_connect", 0, .legacy = op_tunnel_connect};
-const struct op_kind op_tunnel_accept_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_ACCEPT, "tunnel_accept", 0, .legacy = op_tunnel_accept};
-const struct op_kind op_tunnel_list_kind = {SHIM__V1__REQUEST__KIND_TUNNELS, "tunnels", 0, .legacy = op_tunnel_list};
-const struct op_kind op_tunnel_close_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CLOSE, "tunnel_close", 0, .legacy = op_tunnel_close};
+/* A tunnel's own request lives as long as the tunnel (its op->data): cancel tears the
+ * tunnel down, release frees it. A connection's request carries its bytes both ways. */
+const struct op_kind op_tunnel_listen_kind = {
+	SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen",         0,
+	.start = tunnel_listen_start,          .cancel = tunnel_cancel, .release = tunnel_release};
+const struct op_kind op_tunnel_forward_kind = {
+	SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward",        0,
+	.start = tunnel_forward_start,          .cancel = tunnel_cancel, .release = tunnel_release};
+const struct op_kind op_tunnel_connect_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT,
+					       "tunnel_connect",
+					       OP_TAKES_DATA,
+					       .start = tunnel_connect_start,
+					       .data = tc_data,
+					       .writable = tc_writable,
+					       .cancel = tc_cancel,
+					       .release = tc_release};
+const struct op_kind op_tunnel_accept_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_ACCEPT,
+					      "tunnel_accept",
+					      OP_TAKES_DATA,
+					      .start = tunnel_accept_start,
+					      .data = tc_data,
+					      .writable = tc_writable,
+					      .cancel = tc_cancel,
+					      .release = tc_release};
+const struct op_kind op_tunnel_list_kind = {SHIM__V1__REQUEST__KIND_TUNNELS, "tunnels", 0, .start = tunnels_start};
+const struct op_kind op_tunnel_close_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CLOSE, "tunnel_close", 0,
+					     .start = tunnel_close_start};

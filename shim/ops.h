@@ -33,18 +33,11 @@ extern const struct op_kind op_tunnel_listen_kind, op_tunnel_forward_kind, op_tu
 
 /* ---- families not moved onto struct op yet: start functions that take the stream ---- */
 
-/* op_fs_io.c: streamed read and write */
-/* Special files (op_fs_io.c): "a FIFO", "a socket", "a character device", "a block
+/* op_fs_io.c: special files: "a FIFO", "a socket", "a character device", "a block
  * device", or NULL for anything else; and the refusal of one a request did not allow
  * (1 EPERM, "VERB: a FIFO, not a regular file (allow_special to VERB it)"). */
 const char *op_fs_io_special_kind(unsigned mode);
 int op_fs_io_refuse_special(struct shim_err *err, const char *path, unsigned mode, const char *verb);
-int op_fs_read(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_fs_write(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-/* op_fs_list.c */
-int op_fs_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-/* op_fs_watch.c */
-int op_fs_watch(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
 /* op_exec.c: commands (prepared on a worker; fork, pipes and the reaper on the loop) */
 int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
@@ -55,22 +48,5 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-
-/* op_backup.c: tar backups and restores (libarchive, on workers) */
-int op_backup(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_restore(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-
-/* op_tunnel.c: TCP tunnels (non-blocking sockets on the loop) */
-int op_tunnel_listen(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_tunnel_forward(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_tunnel_connect(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_tunnel_accept(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_tunnel_list(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_tunnel_close(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-
-/* op_mount.c: S3 bucket mounts through rclone (the loop side; blocking steps on workers) */
-int op_mount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_mounts(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_unmount(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
 #endif

@@ -136,7 +136,7 @@ static void *rf_main(void *arg)
 	pthread_setname_np(pthread_self(), "restore-files"); /* top -H, perf */
 	/* as the request's identity, like the extractor (which entered it: it takes) */
 	struct shim_err ce;
-	bool failed = fs_ctx_enter(&f->x->r->j.fsx, &ce) < 0;
+	bool failed = fs_ctx_enter(&f->x->r->j.job.op->fsx, &ce) < 0;
 	if (failed) {
 		pthread_mutex_lock(&f->q.mu);
 		if (!f->err_set) {

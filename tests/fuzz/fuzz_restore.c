@@ -238,6 +238,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		else
 			hex_sha256(data, size, r->want_sha);
 	}
+	/* no request: its file writer enters the shim's own identity */
+	static struct op no_op;
+	r->j.job.op = &no_op;
 	pthread_mutex_init(&r->j.mu, NULL);
 	pthread_cond_init(&r->j.cv, NULL);
 	sha256_init(&r->sha);
