@@ -169,18 +169,30 @@ static int out_reserve(struct conn *c, size_t need)
 	return 0;
 }
 
+/* conn_send is called from inside an op's hooks, so it cannot close the connection
+ * there and then: that would free the streams, the sender's among them, under the
+ * caller. It stops the connection's input and output and has the loop close it next. */
+static void conn_doom(struct conn *c, const char *why)
+{
+	c->doomed = why;
+	ev_io_stop(c->srv->loop, &c->rio);
+	ev_timer_stop(c->srv->loop, &c->linger);
+	ev_timer_set(&c->linger, 0., 0.);
+	ev_timer_start(c->srv->loop, &c->linger);
+}
+
 void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len)
 {
-	if (c->state == CONN_DEAD)
+	if (c->state == CONN_DEAD || c->doomed != NULL)
 		return;
 	if (c->outlen + len > OUT_HARD) {
 		/* Only control frames can get here (DATA stops at the soft limit): the
 		 * client has stopped reading while still asking for answers. */
-		conn_close(c, "output over the hard limit (client not reading)");
+		conn_doom(c, "output over the hard limit (client not reading)");
 		return;
 	}
 	if (out_reserve(c, FRAME_HDR_LEN + len) < 0) {
-		conn_close(c, "out of memory");
+		conn_doom(c, "out of memory");
 		return;
 	}
 	struct obuf_chunk *t = c->out_tail;
@@ -197,7 +209,7 @@ void conn_send(struct conn *c, uint32_t stream, uint8_t type, uint8_t flags, con
 
 size_t conn_room(const struct conn *c)
 {
-	if (c->state != CONN_READY || c->outlen >= OUT_SOFT)
+	if (c->state != CONN_READY || c->doomed != NULL || c->outlen >= OUT_SOFT)
 		return 0;
 	/* (its output only: a stream's buffer waiting to go out must not take the room it
 	 * is to go into) */
@@ -315,7 +327,7 @@ void conn_flush(struct conn *c)
 		conn_finish_close(c);
 		return;
 	}
-	if (c->state != CONN_READY && c->state != CONN_HELLO)
+	if ((c->state != CONN_READY && c->state != CONN_HELLO) || c->doomed != NULL)
 		return;
 	if (!ev_is_active(&c->rio))
 		ev_io_start(c->srv->loop, &c->rio);
@@ -402,7 +414,8 @@ static void linger_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	conn_close(container_of(w, struct conn, linger), "peer did not read its last frames");
+	struct conn *c = container_of(w, struct conn, linger);
+	conn_close(c, c->doomed != NULL ? c->doomed : "peer did not read its last frames");
 }
 
 /* Send what is queued and close, cancelling the streams first (their ERRORs go out
@@ -564,7 +577,7 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 {
 	struct conn *c = st->conn;
 	*busy = false;
-	if (c->state != CONN_READY || st->send_credit <= 0 || len == 0)
+	if (c->state != CONN_READY || c->doomed != NULL || st->send_credit <= 0 || len == 0)
 		return 0;
 	if (c->outlen > 0) {
 		if (c->direct_rest_id != st->id)
@@ -956,7 +969,7 @@ static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t
 static void process_input(struct conn *c)
 {
 	size_t off = 0;
-	while (c->state == CONN_HELLO || c->state == CONN_READY) {
+	while ((c->state == CONN_HELLO || c->state == CONN_READY) && c->doomed == NULL) {
 		struct frame_hdr h;
 		enum frame_status fs = frame_check(c->in + off, c->inlen - off, c->max_frame, &h);
 		/* PROTOCOL.md 2: an unknown type is refused from its header, before the
@@ -1007,7 +1020,7 @@ static void process_input(struct conn *c)
 
 void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
 {
-	while (len > 0 && (c->state == CONN_HELLO || c->state == CONN_READY)) {
+	while (len > 0 && (c->state == CONN_HELLO || c->state == CONN_READY) && c->doomed == NULL) {
 		size_t n = c->incap - c->inlen;
 		if (n > len)
 			n = len;
@@ -1023,7 +1036,7 @@ void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
 static void conn_read_input(struct conn *c)
 {
 	for (int rounds = 0; rounds < 8; rounds++) {
-		if (c->state != CONN_HELLO && c->state != CONN_READY)
+		if ((c->state != CONN_HELLO && c->state != CONN_READY) || c->doomed != NULL)
 			return;
 		if (c->outlen > OUT_STOP_READ) {
 			/* resumed by conn_flush once the client reads */

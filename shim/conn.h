@@ -65,6 +65,7 @@ struct conn {
 	ev_timer handshake; /* the HELLO must come within --handshake-timeout */
 	ev_tstamp last_rx;  /* when input last arrived (any bytes) */
 	bool ping_out;
+	const char *doomed; /* conn_send could not queue: closed from the loop next (why) */
 	bool need_token;
 	bool admitted; /* counted in srv->n_admitted (else in lst->n_pending) */
 	bool want_flush;
