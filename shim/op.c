@@ -13,6 +13,8 @@ static void op_free(struct op *op)
 {
 	if (op->kind->release != NULL)
 		op->kind->release(op);
+	else
+		free(op->data);
 	free(op->reply.buf);
 	shim__v1__request__free_unpacked(op->req, NULL);
 	free(op);
@@ -214,11 +216,6 @@ void op_put(struct op *op)
 
 int op_begin(struct stream *st, const struct op_kind *kind, Shim__V1__Request *req, struct shim_err *err)
 {
-	if (kind->legacy != NULL) {
-		int rc = kind->legacy(st, req, err);
-		shim__v1__request__free_unpacked(req, NULL);
-		return rc;
-	}
 	struct op *op = calloc(1, sizeof(*op));
 	if (op == NULL) {
 		shim__v1__request__free_unpacked(req, NULL);
@@ -253,11 +250,6 @@ int op_begin(struct stream *st, const struct op_kind *kind, Shim__V1__Request *r
 	return rc;
 }
 
-void op_end(struct op *op, const Shim__V1__Result *result)
-{
-	op_end_stream(op->st, result);
-}
-
 void op_fail(struct op *op, const struct shim_err *err)
 {
 	stream_fail(op->st, err);
@@ -282,8 +274,9 @@ int op_reply_done(struct op_reply *reply, struct shim_err *err)
 	return op_reply_pack(reply, &res, err);
 }
 
-void op_end_stream(struct stream *st, const Shim__V1__Result *result)
+void op_end(struct op *op, const Shim__V1__Result *result)
 {
+	struct stream *st = op->st;
 	uint8_t small[1024];
 	size_t n = shim__v1__result__get_packed_size(result);
 	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
@@ -297,4 +290,13 @@ void op_end_stream(struct stream *st, const Shim__V1__Result *result)
 	stream_end(st, buf, n);
 	if (buf != small)
 		free(buf);
+}
+
+void op_end_done(struct op *op)
+{
+	Shim__V1__Done d = SHIM__V1__DONE__INIT;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
+	res.done = &d;
+	op_end(op, &res);
 }

@@ -71,10 +71,8 @@ struct op_kind {
 	 * hook): stop what runs on the loop. op->st is still valid inside and NULL after;
 	 * the op's jobs are interrupted after it. */
 	void (*cancel)(struct op *op);
-	/* The op is being freed: release what hangs off op->data. */
+	/* The op is being freed: release what hangs off op->data. NULL: free(op->data). */
 	void (*release)(struct op *op);
-	/* A family not moved onto struct op yet: it takes the stream over itself. */
-	int (*legacy)(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 };
 
 struct op {
@@ -119,13 +117,12 @@ void op_put(struct op *op);
 /* End the op's stream with END carrying result (packed here), or with ERROR. */
 void op_end(struct op *op, const Shim__V1__Result *result);
 void op_fail(struct op *op, const struct shim_err *err);
+/* op_end with Result.done. */
+void op_end_done(struct op *op);
 
 /* Pack res into reply (on the worker). -1 with err (ENOMEM). */
 int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err);
 /* Reply with Result.done. */
 int op_reply_done(struct op_reply *reply, struct shim_err *err);
-
-/* End st with END carrying result, for families still on the stream (legacy). */
-void op_end_stream(struct stream *st, const Shim__V1__Result *result);
 
 #endif

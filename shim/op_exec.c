@@ -21,20 +21,17 @@
 #include "server.h"
 #include "spawn.h"
 #include "util.h"
-#include "worker.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
-struct exec_job {
-	struct work work;
-	struct proc *p;
-	Shim__V1__ExecRequest *req; /* our own copy: the dispatcher frees its one */
-	struct spawn_plan plan;
-	int rc;
-	struct shim_err err;
+/* An exec's state (op->data). The op is the process's owner until the stream ends
+ * (take_fg) or is cancelled; the request is read where it lies, op->req->exec. */
+struct exec {
+	struct proc *p;         /* a reference of the op's */
+	struct spawn_plan plan; /* made on a worker, forked on the loop */
 };
 
 /* ---- messages ---- */
@@ -121,83 +118,84 @@ void op_exec_send_started(struct stream *st, const struct proc *p)
 	conn_send(st->conn, st->id, FRAME_EVENT, 0, buf, n);
 }
 
-/* ---- what proc.c reports to the exec stream ---- */
+/* ---- what proc.c reports to the exec op ---- */
 
-/* The exec stream leaves the process: it no longer writes stdin. */
-static struct stream *take_fg(struct proc *p)
+/* The exec op leaves the process: it is no longer its owner nor writes its stdin. */
+static void take_fg(struct op *op)
 {
-	struct stream *st = p->owner;
-	proc_set_owner(p, NULL, NULL);
-	proc_stdin_release(p, st);
-	return st;
+	struct exec *ex = op->data;
+	proc_set_owner(ex->p, NULL, NULL);
+	proc_stdin_release(ex->p, op);
 }
 
 static void exec_started(struct proc *p, void *owner)
 {
+	struct op *op = owner;
 	log_debug("process %s: pid %d runs %s", p->id, (int)p->pid, p->exec_path);
 	if (!p->detached) {
-		op_exec_send_started(owner, p);
+		op_exec_send_started(op->st, p);
 		return;
 	}
-	struct stream *st = take_fg(p);
+	take_fg(op);
 	struct exec_info_buf b;
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_PROCESS;
 	if (op_exec_fill_info(p, &b, PROC_ARGV_KEEP) < 0) {
 		struct shim_err e;
 		err_set(&e, ENOMEM, NULL, "out of memory");
-		stream_fail(st, &e);
+		op_fail(op, &e);
 	} else {
 		res.process = &b.info;
-		op_end_stream(st, &res);
+		op_end(op, &res);
 	}
 	op_exec_info_buf_free(&b);
-	proc_unref(p); /* the stream's */
 }
 
 static void exec_failed(struct proc *p, void *owner, const struct shim_err *err)
 {
-	(void)owner;
-	struct stream *st = take_fg(p);
-	stream_fail(st, err);
-	proc_unref(p);
+	(void)p;
+	struct op *op = owner;
+	take_fg(op);
+	op_fail(op, err);
 }
 
 /* Foreground output: as much as the stream's credit and queue allow. */
 static size_t exec_room(struct proc *p, void *owner)
 {
 	(void)p;
-	size_t n = stream_can_send(owner);
+	struct op *op = owner;
+	size_t n = stream_can_send(op->st);
 	if (n == 0)
-		stream_wait_writable(owner); /* then exec_writable() */
+		stream_wait_writable(op->st); /* then exec_writable() */
 	return n;
 }
 
 static void exec_output(struct proc *p, void *owner, int chan, const uint8_t *buf, size_t len)
 {
 	(void)p;
-	stream_send_flagged(owner, buf, len, chan == 1 ? FRAME_FLAG_STDERR : 0);
+	struct op *op = owner;
+	stream_send_flagged(op->st, buf, len, chan == 1 ? FRAME_FLAG_STDERR : 0);
 }
 
 static void exec_finished(struct proc *p, void *owner)
 {
-	(void)owner;
-	struct stream *st = take_fg(p);
-	stream_send_data(st, NULL, 0, true);
+	struct op *op = owner;
+	take_fg(op);
+	stream_send_data(op->st, NULL, 0, true);
 	Shim__V1__ExitStatus ex;
 	op_exec_fill_exit(p, &ex);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
-	op_end_stream(st, &res);
-	proc_unref(p);
+	op_end(op, &res);
 }
 
 /* Stdin bytes the process took (written, or dropped): the client's credit back. */
 static void exec_taken(struct proc *p, void *owner, size_t n)
 {
 	(void)p;
-	stream_grant(owner, (uint32_t)n);
+	struct op *op = owner;
+	stream_grant(op->st, (uint32_t)n);
 }
 
 static const struct proc_owner_ops exec_owner_ops = {
@@ -211,88 +209,77 @@ static const struct proc_owner_ops exec_owner_ops = {
 
 /* ---- the exec stream ---- */
 
-static int exec_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+static int exec_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct proc *p = st->op_data;
+	struct exec *ex = op->data;
+	struct proc *p = ex->p;
 	if (p->detached || !p->has_stdin) {
 		if (len == 0)
 			return 0; /* a bare FIN: nothing to close */
 		return err_set(err, EINVAL, NULL, "stdin was not requested for this command");
 	}
-	if (p->in_owner != st) {
-		stream_grant(st, (uint32_t)len); /* no longer the writer: dropped */
+	if (p->in_owner != op) {
+		stream_grant(op->st, (uint32_t)len); /* no longer the writer: dropped */
 		return 0;
 	}
 	return proc_stdin_data(p, buf, len, fin, err);
 }
 
-static void exec_writable(struct stream *st)
+static void exec_writable(struct op *op)
 {
-	proc_owner_writable(st->op_data);
+	struct exec *ex = op->data;
+	proc_owner_writable(ex->p);
 }
 
-static void exec_cancel(struct stream *st)
+static void exec_cancel(struct op *op)
 {
-	struct proc *p = st->op_data;
-	if (p->owner != st)
+	struct exec *ex = op->data;
+	struct proc *p = ex->p;
+	if (p->owner != op)
 		return;
 	log_debug("process %s: exec stream cancelled: SIGKILL to the group", p->id);
-	proc_stdin_release(p, st);
+	proc_stdin_release(p, op);
 	proc_abandon(p);
-	proc_unref(p);
 }
-
-static const struct stream_ops exec_ops = {.data = exec_data, .writable = exec_writable, .cancel = exec_cancel};
 
 /* ---- preparing (worker) and forking (loop) ---- */
 
-static void exec_run(struct work *w)
+static int exec_prepare(struct op *op, struct shim_err *err)
 {
-	struct exec_job *j = container_of(w, struct exec_job, work);
-	j->rc = spawn_prepare(j->req, &j->plan, &j->err);
+	struct exec *ex = op->data;
+	return spawn_prepare(op->req->exec, &ex->plan, err);
 }
 
-static void exec_done(struct work *w)
+/* It will not run: the error to the client, the process out of the table. */
+static void exec_not_started(struct op *op, const struct shim_err *err)
 {
-	struct exec_job *j = container_of(w, struct exec_job, work);
-	struct proc *p = j->p;
-	if (p->owner == NULL) {
-		/* the stream went away while we prepared */
-		if (p->state == PROC_STARTING)
-			proc_start_failed(p);
-	} else {
-		pid_t pid = -1;
-		if (j->rc == 0)
-			pid = spawn_fork(&j->plan, &j->err);
-		if (pid < 0) {
-			exec_failed(p, p->owner, &j->err);
-			proc_start_failed(p);
-		} else {
-			proc_spawned(p, pid, &j->plan);
-		}
+	struct exec *ex = op->data;
+	take_fg(op);
+	op_fail(op, err);
+	proc_start_failed(ex->p);
+}
+
+static void exec_fork(struct op *op, int rc, const struct shim_err *err)
+{
+	struct exec *ex = op->data;
+	if (rc < 0) {
+		exec_not_started(op, err);
+		return;
 	}
-	spawn_plan_free(&j->plan);
-	shim__v1__exec_request__free_unpacked(j->req, NULL);
-	proc_unref(p); /* the job's */
-	free(j);
+	struct shim_err fork_err;
+	pid_t pid = spawn_fork(&ex->plan, &fork_err);
+	if (pid < 0)
+		exec_not_started(op, &fork_err);
+	else
+		proc_spawned(ex->p, pid, &ex->plan);
+	/* what proc_spawned did not take (the child's ends, the cwd, argv) goes now, not
+	 * with the op at the command's end */
+	spawn_plan_free(&ex->plan);
 }
 
-/* A copy of the request that lives as long as the job. */
-static Shim__V1__ExecRequest *copy_request(const Shim__V1__ExecRequest *er)
+static int exec_start(struct op *op, struct shim_err *err)
 {
-	size_t n = shim__v1__exec_request__get_packed_size(er);
-	uint8_t *buf = malloc(n ? n : 1);
-	if (buf == NULL)
-		return NULL;
-	shim__v1__exec_request__pack(er, buf);
-	Shim__V1__ExecRequest *c = shim__v1__exec_request__unpack(NULL, n, buf);
-	free(buf);
-	return c;
-}
-
-int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	const Shim__V1__ExecRequest *er = req->exec;
+	const Shim__V1__ExecRequest *er = op->req->exec;
 	if (er->n_argv > 0 && er->has_shell)
 		return err_set(err, EINVAL, NULL, "give argv or shell, not both");
 	if (er->n_argv == 0 && !er->has_shell)
@@ -301,40 +288,54 @@ int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *er
 		return err_set(err, EINVAL, NULL, "ring_bytes %llu over the limit of %u",
 			       (unsigned long long)er->ring_bytes, PROC_RING_MAX);
 	const char *name = er->name != NULL && er->name[0] != '\0' ? er->name : NULL;
-	struct exec_job *j = calloc(1, sizeof(*j));
-	if (j == NULL)
+	struct exec *ex = malloc(sizeof(*ex));
+	if (ex == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	j->req = copy_request(er);
-	if (j->req == NULL) {
-		free(j);
-		return err_set(err, ENOMEM, NULL, "out of memory");
-	}
+	spawn_plan_init(&ex->plan);
+	ex->p = NULL;
+	op->data = ex;
 	struct proc *p = proc_create(name, er->detach, err);
-	if (p == NULL) {
-		shim__v1__exec_request__free_unpacked(j->req, NULL);
-		free(j);
+	if (p == NULL)
 		return -1;
-	}
 	p->output_cap = er->detach ? 0 : er->output_cap;
 	p->timeout_ms = er->timeout_ms;
 	p->grace_ms = er->has_kill_grace_ms ? er->kill_grace_ms : PROC_GRACE_DEFAULT_MS;
 	p->ring_bytes = er->has_ring_bytes && er->ring_bytes > 0 ? (size_t)er->ring_bytes : PROC_RING_DEFAULT;
 	p->has_stdin = er->stdin || er->pty;
-	proc_set_owner(p, &exec_owner_ops, st);
-	proc_ref(p); /* the stream's */
+	proc_ref(p);
+	ex->p = p;
+	proc_set_owner(p, &exec_owner_ops, op);
 	if (!er->detach && p->has_stdin)
-		proc_stdin_take(p, &exec_owner_ops, st);
-	st->ops = &exec_ops;
-	st->op_data = p;
-
-	spawn_plan_init(&j->plan);
-	j->p = p;
-	proc_ref(p); /* the job's */
-	j->work.run = exec_run;
-	j->work.done = exec_done;
-	worker_submit(&j->work);
+		proc_stdin_take(p, &exec_owner_ops, op);
+	op_run_job(op);
 	return 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_exec_kind = {SHIM__V1__REQUEST__KIND_EXEC, "exec", 0, .legacy = op_exec};
+static void exec_release(struct op *op)
+{
+	struct exec *ex = op->data;
+	if (ex == NULL)
+		return;
+	spawn_plan_free(&ex->plan);
+	if (ex->p != NULL) {
+		/* the stream went while the plan was made (pid 0: not forked, and now
+		 * never will be) */
+		if (ex->p->state == PROC_STARTING && ex->p->pid == 0)
+			proc_start_failed(ex->p);
+		proc_unref(ex->p);
+	}
+	free(ex);
+}
+
+const struct op_kind op_exec_kind = {
+	SHIM__V1__REQUEST__KIND_EXEC,
+	"exec",
+	OP_TAKES_DATA,
+	.start = exec_start,
+	.job = exec_prepare,
+	.job_done = exec_fork,
+	.data = exec_data,
+	.writable = exec_writable,
+	.cancel = exec_cancel,
+	.release = exec_release,
+};

@@ -27,10 +27,11 @@
 #include <sys/ioctl.h>
 #include <termios.h>
 
+/* An attach's state (op->data); the op is the attachment's owner and, with stdin, the
+ * stdin writer. */
 struct attach {
 	struct proc_attachment pa;
-	struct stream *st;
-	struct proc *p;
+	struct proc *p;         /* a reference of the op's */
 	uint64_t pos[2];        /* next byte to send, per channel (ring offsets) */
 	uint64_t replay_end[2]; /* the heads when the attach began */
 	int phase;              /* 0: replay stdout, 1: replay stderr, 2: live */
@@ -38,31 +39,21 @@ struct attach {
 	bool follow, writes_stdin;
 };
 
-/* A wait, or an rmproc with kill. */
+/* A wait, or an rmproc with kill (op->data; the op is the attachment's owner). */
 struct waiter {
 	struct proc_attachment pa;
-	struct stream *st;
-	struct proc *p;
-	bool remove; /* rmproc: remove once reaped, END Done; else wait: END ExitStatus */
+	struct proc *p; /* a reference of the op's */
+	bool remove;    /* rmproc: remove once reaped, END Done; else wait: END ExitStatus */
 };
 
-static void done_reply(struct stream *st)
-{
-	Shim__V1__Done d = SHIM__V1__DONE__INIT;
-	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-	res.kind_case = SHIM__V1__RESULT__KIND_DONE;
-	res.done = &d;
-	op_end_stream(st, &res);
-}
-
-static void exit_reply(struct stream *st, const struct proc *p)
+static void exit_reply(struct op *op, const struct proc *p)
 {
 	Shim__V1__ExitStatus ex;
 	op_exec_fill_exit(p, &ex);
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_EXIT;
 	res.exit = &ex;
-	op_end_stream(st, &res);
+	op_end(op, &res);
 }
 
 static struct proc *lookup(const char *id, struct shim_err *err)
@@ -75,30 +66,31 @@ static struct proc *lookup(const char *id, struct shim_err *err)
 
 /* ---- attach ---- */
 
-static void attach_unlink(struct attach *a)
+/* While the stream lives: stdin's credit goes back on it (attach_taken). */
+static void attach_unlink(struct op *op)
 {
+	struct attach *a = op->data;
 	proc_attach_remove(a->p, &a->pa);
 	if (a->writes_stdin)
-		proc_stdin_release(a->p, a);
+		proc_stdin_release(a->p, op);
 }
 
-static void attach_finish(struct attach *a)
+static void attach_finish(struct op *op)
 {
+	struct attach *a = op->data;
 	struct proc *p = a->p;
-	struct stream *st = a->st;
-	attach_unlink(a);
-	stream_send_data(st, NULL, 0, true);
+	attach_unlink(op);
+	stream_send_data(op->st, NULL, 0, true);
 	if (p->state == PROC_EXITED)
-		exit_reply(st, p);
+		exit_reply(op, p);
 	else
-		done_reply(st);
-	free(a);
-	proc_unref(p);
+		op_end_done(op);
 }
 
 /* Send what the client may take now; ends the stream when there is no more. */
-static void attach_pump(struct attach *a)
+static void attach_pump(struct op *op)
 {
+	struct attach *a = op->data;
 	struct proc *p = a->p;
 	for (;;) {
 		int ch;
@@ -108,7 +100,7 @@ static void attach_pump(struct attach *a)
 			limit = a->replay_end[ch];
 		} else {
 			if (!a->follow) {
-				attach_finish(a);
+				attach_finish(op);
 				return;
 			}
 			/* alternate between the channels that have bytes waiting */
@@ -123,7 +115,7 @@ static void attach_pump(struct attach *a)
 			}
 			if (ch < 0) {
 				if (p->done)
-					attach_finish(a);
+					attach_finish(op);
 				return; /* attach_changed() calls again */
 			}
 			limit = p->out[ch].ring.head;
@@ -136,9 +128,9 @@ static void attach_pump(struct attach *a)
 				a->phase++;
 			continue;
 		}
-		size_t room = stream_can_send(a->st);
+		size_t room = stream_can_send(op->st);
 		if (room == 0) {
-			stream_wait_writable(a->st);
+			stream_wait_writable(op->st);
 			return;
 		}
 		const uint8_t *d;
@@ -147,7 +139,7 @@ static void attach_pump(struct attach *a)
 			n = (size_t)(limit - a->pos[ch]);
 		if (n > room)
 			n = room;
-		stream_send_flagged(a->st, d, n, ch == 1 ? FRAME_FLAG_STDERR : 0);
+		stream_send_flagged(op->st, d, n, ch == 1 ? FRAME_FLAG_STDERR : 0);
 		a->pos[ch] += n;
 		a->last = ch;
 	}
@@ -164,46 +156,35 @@ static void attach_changed(struct proc *p, void *owner)
 static void attach_taken(struct proc *p, void *owner, size_t n)
 {
 	(void)p;
-	struct attach *a = owner;
-	stream_grant(a->st, (uint32_t)n);
+	struct op *op = owner;
+	stream_grant(op->st, (uint32_t)n);
 }
 
 static const struct proc_owner_ops attach_owner_ops = {.changed = attach_changed, .taken = attach_taken};
 
-static int attach_data(struct stream *st, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
+static int attach_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
-	struct attach *a = st->op_data;
+	struct attach *a = op->data;
 	if (!a->writes_stdin) {
 		if (len == 0)
 			return 0;
 		return err_set(err, EINVAL, NULL, "stdin was not requested for this attach");
 	}
-	if (a->p->in_owner != a) {
-		stream_grant(st, (uint32_t)len); /* no longer the writer: dropped */
+	if (a->p->in_owner != op) {
+		stream_grant(op->st, (uint32_t)len); /* no longer the writer: dropped */
 		return 0;
 	}
 	return proc_stdin_data(a->p, buf, len, fin, err);
 }
 
-static void attach_writable(struct stream *st)
+static void attach_cancel(struct op *op)
 {
-	attach_pump(st->op_data);
+	attach_unlink(op); /* the process goes on */
 }
 
-static void attach_cancel(struct stream *st)
+static int attach_start(struct op *op, struct shim_err *err)
 {
-	struct attach *a = st->op_data;
-	struct proc *p = a->p;
-	attach_unlink(a); /* the process goes on */
-	free(a);
-	proc_unref(p);
-}
-
-static const struct stream_ops attach_ops = {.data = attach_data, .writable = attach_writable, .cancel = attach_cancel};
-
-int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
-{
-	const Shim__V1__AttachRequest *r = req->attach;
+	const Shim__V1__AttachRequest *r = op->req->attach;
 	struct proc *p = lookup(r->id, err);
 	if (p == NULL)
 		return -1;
@@ -218,7 +199,8 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	struct attach *a = calloc(1, sizeof(*a));
 	if (a == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	a->st = st;
+	op->data = a;
+	proc_ref(p);
 	a->p = p;
 	a->follow = r->follow;
 	a->last = 1;
@@ -228,91 +210,98 @@ int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	}
 	if (r->stdin) {
 		a->writes_stdin = true;
-		proc_stdin_take(p, &attach_owner_ops, a);
+		proc_stdin_take(p, &attach_owner_ops, op);
 	}
-	proc_ref(p);
 	a->pa.ops = &attach_owner_ops;
-	a->pa.owner = a;
+	a->pa.owner = op;
 	proc_attach_add(p, &a->pa);
-	st->ops = &attach_ops;
-	st->op_data = a;
-	op_exec_send_started(st, p);
-	attach_pump(a);
+	op_exec_send_started(op->st, p);
+	attach_pump(op);
 	return 0;
+}
+
+/* attach, wait, rmproc: off the process (already, but for a cancelled wait), its
+ * reference dropped */
+static void attachment_release(struct op *op, struct proc_attachment *pa, struct proc *p)
+{
+	proc_attach_remove(p, pa);
+	proc_unref(p);
+	free(op->data);
+}
+
+static void attach_release(struct op *op)
+{
+	struct attach *a = op->data;
+	if (a != NULL)
+		attachment_release(op, &a->pa, a->p);
 }
 
 /* ---- wait, and rmproc with kill ---- */
 
-static void waiter_cancel(struct stream *st)
-{
-	struct waiter *w = st->op_data;
-	proc_attach_remove(w->p, &w->pa);
-	proc_unref(w->p);
-	free(w);
-}
-
-static const struct stream_ops waiter_ops = {.cancel = waiter_cancel};
-
 /* Reaped (proc.c took the waiter off). */
 static void waiter_exited(struct proc *p, void *owner)
 {
-	struct waiter *w = owner;
+	struct op *op = owner;
+	struct waiter *w = op->data;
 	if (w->remove) {
 		proc_unlist(p);
-		done_reply(w->st);
+		op_end_done(op);
 	} else {
-		exit_reply(w->st, p);
+		exit_reply(op, p);
 	}
-	free(w);
-	proc_unref(p);
 }
 
 static const struct proc_owner_ops waiter_owner_ops = {.exited = waiter_exited};
 
-static int add_waiter(struct stream *st, struct proc *p, bool remove, struct shim_err *err)
+static int add_waiter(struct op *op, struct proc *p, bool remove, struct shim_err *err)
 {
 	struct waiter *w = calloc(1, sizeof(*w));
 	if (w == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	w->st = st;
+	op->data = w;
+	proc_ref(p);
 	w->p = p;
 	w->remove = remove;
 	w->pa.ops = &waiter_owner_ops;
-	w->pa.owner = w;
-	proc_ref(p);
+	w->pa.owner = op;
 	proc_attach_add(p, &w->pa);
-	st->ops = &waiter_ops;
-	st->op_data = w;
 	return 0;
 }
 
-int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static void waiter_release(struct op *op)
 {
-	struct proc *p = lookup(req->wait->id, err);
+	struct waiter *w = op->data;
+	if (w != NULL)
+		attachment_release(op, &w->pa, w->p);
+}
+
+static int wait_start(struct op *op, struct shim_err *err)
+{
+	struct proc *p = lookup(op->req->wait->id, err);
 	if (p == NULL)
 		return -1;
 	if (p->state == PROC_EXITED) {
-		exit_reply(st, p);
+		exit_reply(op, p);
 		return 0;
 	}
-	return add_waiter(st, p, false, err);
+	return add_waiter(op, p, false, err);
 }
 
-int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int rmproc_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__RemoveProcessRequest *r = req->rmproc;
+	const Shim__V1__RemoveProcessRequest *r = op->req->rmproc;
 	struct proc *p = lookup(r->id, err);
 	if (p == NULL)
 		return -1;
 	if (p->state == PROC_EXITED) {
 		proc_unlist(p);
-		done_reply(st);
+		op_end_done(op);
 		return 0;
 	}
 	if (!r->kill)
 		return err_set(err, EBUSY, p->id, "the process is running (kill it first, or set kill)");
 	/* answered once it is reaped and removed */
-	if (add_waiter(st, p, true, err) < 0)
+	if (add_waiter(op, p, true, err) < 0)
 		return -1;
 	proc_kill(p, SIGKILL, false);
 	return 0;
@@ -320,9 +309,9 @@ int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 
 /* ---- signal, resize ---- */
 
-int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int signal_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__SignalRequest *r = req->signal;
+	const Shim__V1__SignalRequest *r = op->req->signal;
 	/* 0 checks that the process is there, as kill(2) does */
 	if (r->signal < 0 || r->signal >= NSIG)
 		return err_set(err, EINVAL, NULL, "bad signal %d", r->signal);
@@ -333,13 +322,13 @@ int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 		return err_set(err, ESRCH, p->id, "the process has exited");
 	if (proc_kill(p, r->signal, r->only_leader) < 0)
 		return err_set(err, errno, p->id, "kill");
-	done_reply(st);
+	op_end_done(op);
 	return 0;
 }
 
-int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int resize_start(struct op *op, struct shim_err *err)
 {
-	const Shim__V1__ResizeRequest *r = req->resize;
+	const Shim__V1__ResizeRequest *r = op->req->resize;
 	if (r->rows > 0xffff || r->cols > 0xffff)
 		return err_set(err, EINVAL, NULL, "terminal size %ux%u out of range", r->rows, r->cols);
 	struct proc *p = lookup(r->id, err);
@@ -354,15 +343,14 @@ int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *
 	/* the kernel sends SIGWINCH to the terminal's foreground process group */
 	if (ioctl(fd, TIOCSWINSZ, &ws) < 0)
 		return err_set(err, errno, p->id, "ioctl(TIOCSWINSZ)");
-	done_reply(st);
+	op_end_done(op);
 	return 0;
 }
 
 /* ---- ps ---- */
 
-int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
+static int ps_start(struct op *op, struct shim_err *err)
 {
-	(void)req;
 	size_t n = 0;
 	for (struct proc *p = proc_first(); p != NULL; p = proc_next(p))
 		if (p->state == PROC_RUNNING || p->state == PROC_EXITED)
@@ -381,7 +369,7 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 	/* The answer must fit in one frame: argv is shortened, then left out, then
 	 * the oldest entries are dropped. */
 	static const size_t argv_steps[] = {PROC_ARGV_KEEP, 256, 0};
-	size_t max = st->conn->max_frame;
+	size_t max = op->st->conn->max_frame;
 	int rc = 0;
 	for (size_t s = 0; s < ARRAY_SIZE(argv_steps); s++) {
 		size_t i = 0;
@@ -404,7 +392,7 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 		list.n_processes--;
 	}
 	if (rc == 0)
-		op_end_stream(st, &res);
+		op_end(op, &res);
 	for (size_t i = 0; i < n; i++)
 		op_exec_info_buf_free(&bufs[i]);
 	free(bufs);
@@ -414,10 +402,22 @@ int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err)
 	return 0;
 }
 
-/* not moved onto struct op yet: each takes its stream over itself */
-const struct op_kind op_signal_kind = {SHIM__V1__REQUEST__KIND_SIGNAL, "signal", 0, .legacy = op_signal};
-const struct op_kind op_ps_kind = {SHIM__V1__REQUEST__KIND_PS, "ps", 0, .legacy = op_ps};
-const struct op_kind op_attach_kind = {SHIM__V1__REQUEST__KIND_ATTACH, "attach", 0, .legacy = op_attach};
-const struct op_kind op_wait_kind = {SHIM__V1__REQUEST__KIND_WAIT, "wait", 0, .legacy = op_wait};
-const struct op_kind op_rmproc_kind = {SHIM__V1__REQUEST__KIND_RMPROC, "rmproc", 0, .legacy = op_rmproc};
-const struct op_kind op_resize_kind = {SHIM__V1__REQUEST__KIND_RESIZE, "resize", 0, .legacy = op_resize};
+/* on the loop, as the process table is: each answers from start, but attach, wait and
+ * rmproc with kill, which attach to the process and answer later */
+const struct op_kind op_signal_kind = {SHIM__V1__REQUEST__KIND_SIGNAL, "signal", 0, .start = signal_start};
+const struct op_kind op_ps_kind = {SHIM__V1__REQUEST__KIND_PS, "ps", 0, .start = ps_start};
+const struct op_kind op_attach_kind = {
+	SHIM__V1__REQUEST__KIND_ATTACH,
+	"attach",
+	OP_TAKES_DATA,
+	.start = attach_start,
+	.data = attach_data,
+	.writable = attach_pump,
+	.cancel = attach_cancel,
+	.release = attach_release,
+};
+const struct op_kind op_wait_kind = {SHIM__V1__REQUEST__KIND_WAIT, "wait", 0, .start = wait_start,
+				     .release = waiter_release};
+const struct op_kind op_rmproc_kind = {SHIM__V1__REQUEST__KIND_RMPROC, "rmproc", 0, .start = rmproc_start,
+				       .release = waiter_release};
+const struct op_kind op_resize_kind = {SHIM__V1__REQUEST__KIND_RESIZE, "resize", 0, .start = resize_start};

@@ -94,14 +94,8 @@ static void info_done(struct op *op, int rc, const struct shim_err *err)
 	op_end(op, &res);
 }
 
-static void free_data(struct op *op)
-{
-	free(op->data);
-}
-
 const struct op_kind op_sys_info_kind = {
 	SHIM__V1__REQUEST__KIND_INFO, "info", 0, .start = info_start, .job = info_job, .job_done = info_done,
-	.release = free_data,
 };
 
 /* ---- echo ---- */
@@ -178,11 +172,6 @@ static int echo_start(struct op *op, struct shim_err *err)
 }
 
 const struct op_kind op_sys_echo_kind = {
-	SHIM__V1__REQUEST__KIND_ECHO,
-	"echo",
-	OP_TAKES_DATA,
-	.start = echo_start,
-	.data = echo_data,
+	SHIM__V1__REQUEST__KIND_ECHO, "echo", OP_TAKES_DATA, .start = echo_start, .data = echo_data,
 	.writable = echo_pump,
-	.release = free_data,
 };

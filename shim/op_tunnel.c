@@ -509,11 +509,6 @@ static void tunnel_cancel(struct op *op)
 	tunnel_teardown(op->data);
 }
 
-static void tunnel_release(struct op *op)
-{
-	free(op->data);
-}
-
 static void ptimer_arm(struct tunnel *t)
 {
 	if (!ev_is_active(&t->ptimer)) {
@@ -873,11 +868,7 @@ static int tunnel_accept_start(struct op *op, struct shim_err *err)
 		listen_start(t);
 	if (r->has_refuse && r->refuse) {
 		pending_close(p, true);
-		Shim__V1__Done d = SHIM__V1__DONE__INIT;
-		Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-		res.kind_case = SHIM__V1__RESULT__KIND_DONE;
-		res.done = &d;
-		op_end(op, &res);
+		op_end_done(op);
 		return 0;
 	}
 	char peer[80];
@@ -932,22 +923,16 @@ static int tunnel_close_start(struct op *op, struct shim_err *err)
 	res.kind_case = SHIM__V1__RESULT__KIND_TUNNEL;
 	res.tunnel = &ti;
 	op_end(t->op, &res);
-	Shim__V1__Done d = SHIM__V1__DONE__INIT;
-	Shim__V1__Result done = SHIM__V1__RESULT__INIT;
-	done.kind_case = SHIM__V1__RESULT__KIND_DONE;
-	done.done = &d;
-	op_end(op, &done);
+	op_end_done(op);
 	return 0;
 }
 
 /* A tunnel's own request lives as long as the tunnel (its op->data): cancel tears the
  * tunnel down, release frees it. A connection's request carries its bytes both ways. */
-const struct op_kind op_tunnel_listen_kind = {
-	SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen",         0,
-	.start = tunnel_listen_start,          .cancel = tunnel_cancel, .release = tunnel_release};
-const struct op_kind op_tunnel_forward_kind = {
-	SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward",        0,
-	.start = tunnel_forward_start,          .cancel = tunnel_cancel, .release = tunnel_release};
+const struct op_kind op_tunnel_listen_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_LISTEN, "tunnel_listen", 0,
+					      .start = tunnel_listen_start, .cancel = tunnel_cancel};
+const struct op_kind op_tunnel_forward_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_FORWARD, "tunnel_forward", 0,
+					       .start = tunnel_forward_start, .cancel = tunnel_cancel};
 const struct op_kind op_tunnel_connect_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT,
 					       "tunnel_connect",
 					       OP_TAKES_DATA,

@@ -31,22 +31,10 @@ extern const struct op_kind op_mount_kind, op_mounts_kind, op_unmount_kind;
 extern const struct op_kind op_tunnel_listen_kind, op_tunnel_forward_kind, op_tunnel_connect_kind,
 	op_tunnel_accept_kind, op_tunnel_list_kind, op_tunnel_close_kind;
 
-/* ---- families not moved onto struct op yet: start functions that take the stream ---- */
-
-/* op_fs_io.c: special files: "a FIFO", "a socket", "a character device", "a block
- * device", or NULL for anything else; and the refusal of one a request did not allow
- * (1 EPERM, "VERB: a FIFO, not a regular file (allow_special to VERB it)"). */
+/* op_fs_io.c, for truncate too: special files: "a FIFO", "a socket", "a character
+ * device", "a block device", or NULL for anything else; and the refusal of one a request
+ * did not allow (1 EPERM, "VERB: a FIFO, not a regular file (allow_special to VERB it)"). */
 const char *op_fs_io_special_kind(unsigned mode);
 int op_fs_io_refuse_special(struct shim_err *err, const char *path, unsigned mode, const char *verb);
-
-/* op_exec.c: commands (prepared on a worker; fork, pipes and the reaper on the loop) */
-int op_exec(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-/* op_proc.c: requests about processes by id (on the loop) */
-int op_signal(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_ps(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_attach(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_wait(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_rmproc(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
-int op_resize(struct stream *st, const Shim__V1__Request *req, struct shim_err *err);
 
 #endif

@@ -2,7 +2,7 @@
  *
  * A process is owned by references: the table (while its id is listed), its pid
  * (from fork until it is reaped and the exec result is known), its owner (the exec
- * stream), and each attachment. The table reports to them through their
+ * request), and each attachment. The table reports to them through their
  * proc_owner_ops (proc.h): it knows no streams, frames and credit. Everything runs
  * on the loop thread.
  *

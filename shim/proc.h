@@ -46,7 +46,7 @@ struct proc_chan {
  * leaves NULL what it has no use for. proc.c knows no streams: framing output as DATA
  * and the credit of both directions stay with the owner. */
 struct proc_owner_ops {
-	/* The owner of the process (the exec stream: proc_set_owner). */
+	/* The owner of the process (the exec request: proc_set_owner). */
 	void (*started)(struct proc *p, void *owner);                            /* execve() succeeded */
 	void (*failed)(struct proc *p, void *owner, const struct shim_err *err); /* it could not start */
 	/* Foreground output: bytes it can take now; 0 when it cannot, and then it calls
@@ -128,7 +128,7 @@ struct proc {
 	unsigned long long *tree_start;
 	unsigned ntree;
 
-	void *owner; /* the exec stream while it lasts, NULL after */
+	void *owner; /* the exec request while its stream lasts, NULL after */
 	const struct proc_owner_ops *owner_ops;
 	struct proc_attachment *attached; /* newest first */
 };
@@ -149,7 +149,7 @@ void proc_unlist(struct proc *p);
 struct proc *proc_first(void);
 struct proc *proc_next(const struct proc *p);
 
-/* The owner (the exec stream) or, with NULL, none from now on. */
+/* The owner (the exec request) or, with NULL, none from now on. */
 void proc_set_owner(struct proc *p, const struct proc_owner_ops *ops, void *owner);
 /* The fork happened: take over pl's fds and strings, watch the pid and the exec
  * error pipe. The outcome comes back through the owner's started() or failed(). */

@@ -11,7 +11,7 @@ typedef void (*work_fn)(struct work *w);
 
 /* Embed in the job's owner and recover it with container_of. run() executes on a
  * pool thread; done() then runs on the loop thread. The owner must stay alive until
- * done() has run: a cancelled operation marks itself orphaned and lets done() free it. */
+ * done() has run (a request's jobs are struct op_job, op.h: the op is kept until then). */
 struct work {
 	work_fn run;
 	work_fn done;
