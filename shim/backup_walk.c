@@ -379,42 +379,47 @@ int backup_walk_file_changed(int fd, const struct stat *st, bool *changed)
 	return 0;
 }
 
-/* A small file: read it whole into its record, then close it. */
-static int file_inline(struct backup_walk *w, const struct stat *st, int fd)
+/* The whole of a small file into data: *got bytes (fewer if it shrank: the writer pads
+ * with zeros), *changed if it changed while read. -1 with the walk failed. */
+static int inline_read(struct backup_walk *w, int fd, const struct stat *st, uint8_t *data, size_t *got, bool *changed)
 {
-	struct backup_queue_rec *r = rec_new(w, st, 0, NULL, (size_t)st->st_size);
-	if (r == NULL)
-		goto fail;
-	uint8_t *data = backup_queue_data(r);
-	size_t got = 0, want = (size_t)st->st_size;
-	while (got < want) {
-		ssize_t n = pread(fd, data + got, want - got, (off_t)got);
+	size_t want = (size_t)st->st_size;
+	*got = 0;
+	while (*got < want) {
+		ssize_t n = pread(fd, data + *got, want - *got, (off_t)*got);
 		if (n < 0) {
 			if (errno == EINTR && !cancelled(w))
 				continue;
-			fail(w, errno, "read");
-			goto fail;
+			return fail(w, errno, "read");
 		}
 		if (n == 0)
-			break; /* it shrank: the writer pads with zeros */
-		got += (size_t)n;
+			break;
+		*got += (size_t)n;
 	}
-	bool changed = got < want;
-	if (backup_walk_file_changed(fd, st, &changed) < 0) {
-		fail(w, errno, "stat");
-		goto fail;
+	*changed = *got < want;
+	if (backup_walk_file_changed(fd, st, changed) < 0)
+		return fail(w, errno, "stat");
+	return 0;
+}
+
+/* A small file (fd ours to close): read it whole into its record. */
+static int file_inline(struct backup_walk *w, const struct stat *st, int fd_in)
+{
+	int cleanup_close fd = fd_in;
+	struct backup_queue_rec *r = rec_new(w, st, 0, NULL, (size_t)st->st_size);
+	if (r == NULL)
+		return -1;
+	size_t got;
+	bool changed;
+	if (inline_read(w, fd, st, backup_queue_data(r), &got, &changed) < 0) {
+		backup_queue_abandon(w->q, r);
+		return -1;
 	}
-	close(fd);
 	r->data_len = got;
 	if (changed)
 		r->flags |= BQF_CHANGED;
 	backup_queue_commit(w->q, r);
 	return 0;
-fail:
-	if (r != NULL)
-		backup_queue_abandon(w->q, r);
-	close(fd);
-	return -1;
 }
 
 static int link_add(struct backup_walk *w, const struct stat *st)

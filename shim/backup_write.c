@@ -326,6 +326,13 @@ static la_ssize_t write_cb(struct archive *a, void *ud, const void *buf, size_t 
 	return (la_ssize_t)len;
 }
 
+/* to_open's failures: the error is in the job already (rc -1). */
+static int to_failed(struct wr *w, int rc)
+{
+	w->err_set = true;
+	return rc;
+}
+
 /* The temp file beside to_path, in the journal before it exists. */
 static int to_open(struct wr *w)
 {
@@ -333,34 +340,27 @@ static int to_open(struct wr *w)
 	struct shim_err *err = &b->j.err;
 	w->to_dfd = fs_open_parent(&b->to, w->to_name, err);
 	if (w->to_dfd < 0)
-		goto fail;
-	if (strcmp(w->to_name, ".") == 0 || b->to.abs[b->to.len - 1] == '/') {
-		err_set(err, EISDIR, b->to.abs, "backup: to_path names a directory");
-		goto fail;
-	}
+		return to_failed(w, -1);
+	if (strcmp(w->to_name, ".") == 0 || b->to.abs[b->to.len - 1] == '/')
+		return to_failed(w, err_set(err, EISDIR, b->to.abs, "backup: to_path names a directory"));
 	struct stat st;
-	if (fstatat(w->to_dfd, w->to_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-		err_set(err, EISDIR, b->to.abs, "backup: to_path is a directory");
-		goto fail;
-	}
-	if (fstat(w->to_dfd, &st) < 0) {
-		err_set(err, errno, b->to.abs, "backup: stat the directory of to_path");
-		goto fail;
-	}
+	if (fstatat(w->to_dfd, w->to_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+		return to_failed(w, err_set(err, EISDIR, b->to.abs, "backup: to_path is a directory"));
+	if (fstat(w->to_dfd, &st) < 0)
+		return to_failed(w, err_set(err, errno, b->to.abs, "backup: stat the directory of to_path"));
 	char proc[64], dir[PATH_MAX], path[PATH_MAX + NAME_MAX + 2];
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", w->to_dfd);
 	ssize_t n = readlink(proc, dir, sizeof(dir) - 1);
-	if (n <= 0) {
-		err_set(err, errno ? errno : EIO, b->to.abs, "backup: where is the directory of to_path");
-		goto fail;
-	}
+	if (n <= 0)
+		return to_failed(w, err_set(err, errno ? errno : EIO, b->to.abs,
+					    "backup: where is the directory of to_path"));
 	dir[n] = '\0';
 	for (int tries = 0;; tries++) {
 		journal_temp_name(w->to_name, w->to_tmp, sizeof(w->to_tmp));
 		snprintf(path, sizeof(path), "%s%s%s", dir, strcmp(dir, "/") == 0 ? "" : "/", w->to_tmp);
 		w->jent = journal_add(path, err);
 		if (w->jent == NULL)
-			goto fail;
+			return to_failed(w, -1);
 		w->to_fd = openat(w->to_dfd, w->to_tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC,
 				  0600);
 		if (w->to_fd >= 0)
@@ -368,18 +368,13 @@ static int to_open(struct wr *w)
 		int e = errno;
 		journal_remove(w->jent);
 		w->jent = NULL;
-		if (e != EEXIST || tries >= 10) {
-			err_set(err, e, b->to.abs, "backup: create the temp file");
-			goto fail;
-		}
+		if (e != EEXIST || tries >= 10)
+			return to_failed(w, err_set(err, e, b->to.abs, "backup: create the temp file"));
 	}
 	w->tmp_made = true;
 	/* the archive and its temp file are left out of the walk */
 	backup_walk_skip(w->walk, st.st_dev, st.st_ino, w->to_name, w->to_tmp);
 	return 0;
-fail:
-	w->err_set = true;
-	return -1;
 }
 
 /* Make the archive durable and put it in place. */
@@ -492,6 +487,50 @@ static void wr_free(struct wr *w)
 	backup_meta_names_free(&w->groups);
 }
 
+/* The backup itself: the queue, the walker, the temp file, the archive, the entries, the
+ * end of the archive and its commit or last flush. -1 with the error in the job. */
+static int write_steps(struct wr *w)
+{
+	struct backup *b = w->b;
+	w->rbuf = malloc(WRITE_READ);
+	if (w->rbuf == NULL || backup_queue_init(&w->q, &b->j) < 0)
+		return fail(w, ENOMEM, "out of memory");
+	w->q_ready = true;
+	w->walk = backup_walk_new(b, &b->j.err);
+	if (w->walk == NULL) {
+		w->err_set = true;
+		return -1;
+	}
+	if ((b->has_to && to_open(w) < 0) || archive_setup(w) < 0)
+		return -1;
+	if (!b->has_to) {
+		/* the walker hashes while it waits for the writer (with to_path the
+		 * writer hashes as it writes the file) */
+		w->q.idle_fn = op_backup_hash_idle;
+		w->q.idle_arg = b;
+	}
+	if (backup_walk_start(w->walk, &w->q, &b->j.err) < 0) {
+		w->err_set = true;
+		return -1;
+	}
+	if (put_entries(w) < 0)
+		return -1;
+	w->closed = true;
+	if (archive_write_close(w->a) != ARCHIVE_OK)
+		return fail_archive(w, "finish the archive");
+	if (b->compression == 0 && b->archive_bytes % TAR_RECORD != 0 &&
+	    write_cb(w->a, w, zeros, TAR_RECORD - b->archive_bytes % TAR_RECORD) < 0)
+		return fail(w, ECANCELED, "cancelled");
+	if (b->has_to) {
+		if (to_commit(w) < 0)
+			return -1;
+		op_backup_sha_hex(&b->sha, b->sha_hex);
+	} else if (op_backup_output_flush(b) < 0) {
+		return fail(w, ECANCELED, "cancelled");
+	}
+	return 0;
+}
+
 int backup_write_run(struct backup *b)
 {
 	struct wr w = {.b = b, .to_dfd = -1, .to_fd = -1};
@@ -503,56 +542,9 @@ int backup_write_run(struct backup *b)
 	/* names in UTF-8 go into the archive as they are; others as raw bytes */
 	locale_t loc = op_backup_utf8_locale();
 	locale_t old = loc != (locale_t)0 ? uselocale(loc) : (locale_t)0;
-	int rc = -1;
 	w.users.file = "/etc/passwd";
 	w.groups.file = "/etc/group";
-	w.rbuf = malloc(WRITE_READ);
-	if (w.rbuf == NULL || backup_queue_init(&w.q, &b->j) < 0) {
-		fail(&w, ENOMEM, "out of memory");
-		goto out;
-	}
-	w.q_ready = true;
-	w.walk = backup_walk_new(b, &b->j.err);
-	if (w.walk == NULL) {
-		w.err_set = true;
-		goto out;
-	}
-	if (b->has_to && to_open(&w) < 0)
-		goto out;
-	if (archive_setup(&w) < 0)
-		goto out;
-	if (!b->has_to) {
-		/* the walker hashes while it waits for the writer (with to_path the
-		 * writer hashes as it writes the file) */
-		w.q.idle_fn = op_backup_hash_idle;
-		w.q.idle_arg = b;
-	}
-	if (backup_walk_start(w.walk, &w.q, &b->j.err) < 0) {
-		w.err_set = true;
-		goto out;
-	}
-	if (put_entries(&w) < 0)
-		goto out;
-	w.closed = true;
-	if (archive_write_close(w.a) != ARCHIVE_OK) {
-		fail_archive(&w, "finish the archive");
-		goto out;
-	}
-	if (b->compression == 0 && b->archive_bytes % TAR_RECORD != 0 &&
-	    write_cb(w.a, &w, zeros, TAR_RECORD - b->archive_bytes % TAR_RECORD) < 0) {
-		fail(&w, ECANCELED, "cancelled");
-		goto out;
-	}
-	if (b->has_to) {
-		if (to_commit(&w) < 0)
-			goto out;
-		op_backup_sha_hex(&b->sha, b->sha_hex);
-	} else if (op_backup_output_flush(b) < 0) {
-		fail(&w, ECANCELED, "cancelled");
-		goto out;
-	}
-	rc = 0;
-out:
+	int rc = write_steps(&w);
 	if (rc < 0 && w.a != NULL && !w.closed) {
 		/* Not archive_write_fail(): libarchive 3.6 frees its output state only
 		 * in close (fixed in later versions). Closing writes nothing: the

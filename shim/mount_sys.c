@@ -294,6 +294,63 @@ static int resolve_path(struct mount_plan *pl, struct shim_err *err)
 	return rc;
 }
 
+/* mount_prepare's steps on disk: the runtime dir (locked), the cache dir, rclone's
+ * config, the mount point's record, rclone's log and argv. -1 with err; the caller
+ * removes what was made. */
+static int prepare_files(struct mount_plan *pl, unsigned timeout_ms, struct shim_err *err)
+{
+	if (resolve_path(pl, err) < 0)
+		return -1;
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s/mounts", pl->state_dir);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return err_set(err, errno, NULL, "cannot create %s", dir);
+	if ((size_t)snprintf(pl->rundir, sizeof(pl->rundir), "%s/%s", dir, pl->id) >= sizeof(pl->rundir) ||
+	    mkdir(pl->rundir, 0700) < 0) {
+		err_set(err, errno, NULL, "cannot create the mount's runtime dir");
+		pl->rundir[0] = '\0';
+		return -1;
+	}
+	/* held for the mount's life: a daemon starting meanwhile with the same state dir
+	 * leaves it alone (mount_sweep) */
+	pl->lock_fd = open(pl->rundir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat lst;
+	if (pl->lock_fd < 0 || flock(pl->lock_fd, LOCK_EX | LOCK_NB) < 0 || fstat(pl->lock_fd, &lst) < 0)
+		return err_set(err, errno, NULL, "cannot lock the mount's runtime dir");
+	if (lst.st_nlink == 0) {
+		/* another daemon's start-up sweep took it between mkdir and flock */
+		err_set(err, EAGAIN, NULL, "the mount's runtime dir was removed by another daemon's sweep: try again");
+		pl->rundir[0] = '\0';
+		return -1;
+	}
+	char cache[PATH_MAX + 16];
+	snprintf(cache, sizeof(cache), "%s/cache", pl->rundir);
+	if (mkdir(cache, 0700) < 0)
+		return err_set(err, errno, NULL, "cannot create the mount's cache dir");
+	if (write_config(pl, err) < 0)
+		return -1;
+	/* where it is mounted, for the sweep after a crash (a dead FUSE mount is detached) */
+	char mpp[PATH_MAX + 16];
+	snprintf(mpp, sizeof(mpp), "%s/mountpoint", pl->rundir);
+	int mpf = open(mpp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	size_t rl = strlen(pl->real);
+	if (mpf < 0 || write(mpf, pl->real, rl) != (ssize_t)rl) {
+		err_set(err, errno ? errno : EIO, NULL, "cannot write the mount's runtime dir");
+		if (mpf >= 0)
+			close(mpf);
+		return -1;
+	}
+	close(mpf);
+	char logp[PATH_MAX + 16];
+	snprintf(logp, sizeof(logp), "%s/rclone.log", pl->rundir);
+	pl->log_fd = open(logp, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (pl->log_fd < 0)
+		return err_set(err, errno, NULL, "cannot create rclone's log");
+	if (build_argv(pl, timeout_ms, err) < 0)
+		return -1;
+	return 0;
+}
+
 int mount_prepare(struct mount_plan *pl, unsigned timeout_ms, struct shim_err *err)
 {
 	pl->log_fd = -1;
@@ -306,65 +363,8 @@ int mount_prepare(struct mount_plan *pl, unsigned timeout_ms, struct shim_err *e
 	if (access("/dev/fuse", R_OK | W_OK) < 0)
 		return err_set(err, errno == ENOENT ? ENODEV : errno, "/dev/fuse",
 			       "no usable /dev/fuse (a container needs --device /dev/fuse --cap-add SYS_ADMIN)");
-	if (resolve_path(pl, err) < 0)
-		goto fail;
-	char dir[PATH_MAX];
-	snprintf(dir, sizeof(dir), "%s/mounts", pl->state_dir);
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		err_set(err, errno, NULL, "cannot create %s", dir);
-		goto fail;
-	}
-	if ((size_t)snprintf(pl->rundir, sizeof(pl->rundir), "%s/%s", dir, pl->id) >= sizeof(pl->rundir) ||
-	    mkdir(pl->rundir, 0700) < 0) {
-		err_set(err, errno, NULL, "cannot create the mount's runtime dir");
-		pl->rundir[0] = '\0';
-		goto fail;
-	}
-	/* held for the mount's life: a daemon starting meanwhile with the same state dir
-	 * leaves it alone (mount_sweep) */
-	pl->lock_fd = open(pl->rundir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	struct stat lst;
-	if (pl->lock_fd < 0 || flock(pl->lock_fd, LOCK_EX | LOCK_NB) < 0 || fstat(pl->lock_fd, &lst) < 0) {
-		err_set(err, errno, NULL, "cannot lock the mount's runtime dir");
-		goto fail;
-	}
-	if (lst.st_nlink == 0) {
-		/* another daemon's start-up sweep took it between mkdir and flock */
-		err_set(err, EAGAIN, NULL, "the mount's runtime dir was removed by another daemon's sweep: try again");
-		pl->rundir[0] = '\0';
-		goto fail;
-	}
-	char cache[PATH_MAX + 16];
-	snprintf(cache, sizeof(cache), "%s/cache", pl->rundir);
-	if (mkdir(cache, 0700) < 0) {
-		err_set(err, errno, NULL, "cannot create the mount's cache dir");
-		goto fail;
-	}
-	if (write_config(pl, err) < 0)
-		goto fail;
-	/* where it is mounted, for the sweep after a crash (a dead FUSE mount is detached) */
-	char mpp[PATH_MAX + 16];
-	snprintf(mpp, sizeof(mpp), "%s/mountpoint", pl->rundir);
-	int mpf = open(mpp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	size_t rl = strlen(pl->real);
-	if (mpf < 0 || write(mpf, pl->real, rl) != (ssize_t)rl) {
-		err_set(err, errno ? errno : EIO, NULL, "cannot write the mount's runtime dir");
-		if (mpf >= 0)
-			close(mpf);
-		goto fail;
-	}
-	close(mpf);
-	char logp[PATH_MAX + 16];
-	snprintf(logp, sizeof(logp), "%s/rclone.log", pl->rundir);
-	pl->log_fd = open(logp, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (pl->log_fd < 0) {
-		err_set(err, errno, NULL, "cannot create rclone's log");
-		goto fail;
-	}
-	if (build_argv(pl, timeout_ms, err) < 0)
-		goto fail;
-	return 0;
-fail:
+	if (prepare_files(pl, timeout_ms, err) == 0)
+		return 0;
 	if (pl->log_fd >= 0)
 		close(pl->log_fd);
 	pl->log_fd = -1;

@@ -613,13 +613,15 @@ static void grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void notify(struct proc *p)
 {
 	unsigned gen = ++notify_gen;
-again:
-	for (struct proc_attachment *a = p->attached; a != NULL; a = a->next) {
-		if (a->gen == gen || a->ops->changed == NULL)
+	struct proc_attachment *a = p->attached;
+	while (a != NULL) {
+		if (a->gen == gen || a->ops->changed == NULL) {
+			a = a->next;
 			continue;
+		}
 		a->gen = gen;
 		a->ops->changed(p, a->owner);
-		goto again;
+		a = p->attached; /* the list may have changed under the call */
 	}
 }
 

@@ -922,6 +922,27 @@ static int merge(struct restore *x)
 	return apply_fixups(x);
 }
 
+/* The restore itself: open the archive file, the temp directory, the file writer, the
+ * entries, then the swap or the merge. -1 with the error in the job; restore_run undoes. */
+static int restore_steps(struct restore *x)
+{
+	struct restore_job *r = x->r;
+	if (r->has_from) {
+		x->from_fd = fs_open(&r->from, O_RDONLY | O_NOCTTY, 0, &r->j.err);
+		x->from_buf = malloc(FROM_BUF);
+		if (x->from_fd < 0) {
+			x->err_set = true;
+			return -1;
+		}
+		if (x->from_buf == NULL)
+			return restore_fail(x, ENOMEM, "out of memory");
+		posix_fadvise(x->from_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	}
+	if (restore_swap_prepare(x) < 0 || restore_files_start(x) < 0 || extract(x) < 0)
+		return -1;
+	return x->merge_in ? merge(x) : restore_swap_in(x);
+}
+
 int restore_run(struct restore_job *r)
 {
 	struct restore *x = calloc(1, sizeof(*x));
@@ -937,30 +958,7 @@ int restore_run(struct restore_job *r)
 	read_umask(x);
 	locale_t loc = op_backup_utf8_locale();
 	locale_t old = loc != (locale_t)0 ? uselocale(loc) : (locale_t)0;
-	int rc = -1;
-	if (r->has_from) {
-		x->from_fd = fs_open(&r->from, O_RDONLY | O_NOCTTY, 0, &r->j.err);
-		x->from_buf = malloc(FROM_BUF);
-		if (x->from_fd < 0) {
-			x->err_set = true;
-			goto out;
-		}
-		if (x->from_buf == NULL) {
-			restore_fail(x, ENOMEM, "out of memory");
-			goto out;
-		}
-		posix_fadvise(x->from_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-	}
-	if (restore_swap_prepare(x) < 0)
-		goto out;
-	if (restore_files_start(x) < 0)
-		goto out;
-	if (extract(x) < 0)
-		goto out;
-	if (x->merge_in ? merge(x) < 0 : restore_swap_in(x) < 0)
-		goto out;
-	rc = 0;
-out:
+	int rc = restore_steps(x);
 	/* the file writer first: it may still hold files of the temp directory */
 	restore_files_free(x);
 	restore_stack_close(x, 0);

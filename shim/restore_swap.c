@@ -26,58 +26,51 @@ static int real_path_of(int dfd, const char *name, char *buf, size_t size)
 	return m < 0 || (size_t)m >= size ? -1 : 0;
 }
 
-/* Set up the directory to extract into: a temp directory, beside dir (or inside
- * it), in the journal before it exists. */
-int restore_swap_prepare(struct restore *x)
+/* The directory to restore: its parent (x->pdfd, a symlink to it followed within the
+ * root), whether it exists (x->old, x->dirfd), whether it is a mount point or "/" that
+ * cannot be renamed (x->inplace); *noname for "/" and the like. */
+static int target_open(struct restore *x, bool *noname_out)
 {
 	struct restore_job *r = x->r;
 	struct shim_err *err = &r->j.err;
-	x->member = NULL;
 	x->pdfd = fs_open_parent(&r->dir, x->name, err);
 	if (x->pdfd < 0)
-		goto fail;
+		return -1;
 	/* "/" (or a path ending in "." or ".."): it has no name to rename; merging,
 	 * the temp directory goes inside it */
 	bool noname = strcmp(x->name, ".") == 0;
-	if (noname && !r->merge) {
-		err_set(err, EINVAL, r->dir.abs, "restore: replace needs a directory it can rename (not / or . or ..)");
-		goto fail;
-	}
+	if (noname && !r->merge)
+		return err_set(err, EINVAL, r->dir.abs,
+			       "restore: replace needs a directory it can rename (not / or . or ..)");
 	struct stat st;
 	if (noname || fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
 		if (noname || S_ISLNK(st.st_mode)) {
 			/* a symlink to the directory: restore what it names (within the root) */
 			int fd = fs_open(&r->dir, O_PATH | O_DIRECTORY, 0, err);
 			if (fd < 0)
-				goto fail;
+				return -1;
 			struct fs_path q;
 			int rc = fs_fd_path(fd, q.abs, sizeof(q.abs), err);
 			close(fd);
 			if (rc < 0)
-				goto fail;
+				return -1;
 			q.len = strlen(q.abs);
 			close(x->pdfd);
 			x->pdfd = fs_open_parent(&q, x->name, err);
 			if (x->pdfd < 0)
-				goto fail;
+				return -1;
 			noname = strcmp(x->name, ".") == 0;
-			if ((noname && !r->merge) || fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-				err_set(err, EINVAL, r->dir.abs,
-					"restore: cannot replace the directory the symlink names");
-				goto fail;
-			}
+			if ((noname && !r->merge) || fstatat(x->pdfd, x->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+				return err_set(err, EINVAL, r->dir.abs,
+					       "restore: cannot replace the directory the symlink names");
 		}
-		if (!S_ISDIR(st.st_mode)) {
-			err_set(err, ENOTDIR, r->dir.abs, "restore");
-			goto fail;
-		}
+		if (!S_ISDIR(st.st_mode))
+			return err_set(err, ENOTDIR, r->dir.abs, "restore");
 		x->existed = true;
 		x->old = st;
 		x->dirfd = openat(x->pdfd, x->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (x->dirfd < 0) {
-			err_set(err, errno, r->dir.abs, "restore: open");
-			goto fail;
-		}
+		if (x->dirfd < 0)
+			return err_set(err, errno, r->dir.abs, "restore: open");
 		struct stat pst;
 		struct statx sx;
 		/* a mount point cannot be renamed: extract inside it, swap the contents */
@@ -86,23 +79,31 @@ int restore_swap_prepare(struct restore *x)
 			      (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) &&
 			      (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT));
 	} else if (errno != ENOENT) {
-		err_set(err, errno, r->dir.abs, "restore: lstat");
-		goto fail;
+		return err_set(err, errno, r->dir.abs, "restore: lstat");
 	}
+	*noname_out = noname;
+	return 0;
+}
+
+/* The temp directory to extract into, beside dir (or inside it), in the journal before
+ * it exists; x->base open on it. */
+static int temp_dir_make(struct restore *x, bool noname)
+{
+	struct restore_job *r = x->r;
+	struct shim_err *err = &r->j.err;
+	struct stat st;
 	/* merging into a directory that exists; into a new one it is a replace */
 	x->merge_in = r->merge && x->existed;
 	x->tmp_parent = x->inplace ? x->dirfd : x->pdfd;
 	char path[PATH_MAX + NAME_MAX + 2];
 	for (int tries = 0;; tries++) {
 		journal_temp_name(noname ? "restore" : x->name, x->tmp, sizeof(x->tmp));
-		if (real_path_of(x->tmp_parent, x->tmp, path, sizeof(path)) < 0) {
-			err_set(err, ENAMETOOLONG, r->dir.abs, "restore: the temp directory's path");
-			goto fail;
-		}
+		if (real_path_of(x->tmp_parent, x->tmp, path, sizeof(path)) < 0)
+			return err_set(err, ENAMETOOLONG, r->dir.abs, "restore: the temp directory's path");
 		/* in the journal before it exists: a crash from here on is cleaned up */
 		x->jent = journal_add(path, err);
 		if (x->jent == NULL)
-			goto fail;
+			return -1;
 		if (mkdirat(x->tmp_parent, x->tmp, 0700) == 0)
 			break;
 		int e = errno;
@@ -114,25 +115,30 @@ int restore_swap_prepare(struct restore *x)
 			tries = -1;
 			continue;
 		}
-		if (e != EEXIST || tries >= 10) {
-			err_set(err, e, r->dir.abs, "restore: create the temp directory");
-			goto fail;
-		}
+		if (e != EEXIST || tries >= 10)
+			return err_set(err, e, r->dir.abs, "restore: create the temp directory");
 	}
 	x->tmp_made = true;
 	x->base = openat(x->tmp_parent, x->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (x->base < 0) {
-		err_set(err, errno, r->dir.abs, "restore: open the temp directory");
-		goto fail;
-	}
+	if (x->base < 0)
+		return err_set(err, errno, r->dir.abs, "restore: open the temp directory");
 	if (x->merge_in)
 		x->sgid_possible = true; /* directories that are there may be set-group-ID */
 	else if (fstat(x->base, &st) == 0)
 		x->sgid_possible = (st.st_mode & S_ISGID) != 0;
 	return 0;
-fail:
-	x->err_set = true;
-	return -1;
+}
+
+/* Set up the directory to extract into (target_open, temp_dir_make). */
+int restore_swap_prepare(struct restore *x)
+{
+	x->member = NULL;
+	bool noname;
+	if (target_open(x, &noname) < 0 || temp_dir_make(x, noname) < 0) {
+		x->err_set = true;
+		return -1;
+	}
+	return 0;
 }
 
 /* Remove the temp directory (a failed restore, or the old tree after the swap). */
