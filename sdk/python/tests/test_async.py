@@ -282,6 +282,33 @@ class Async(unittest.IsolatedAsyncioTestCase):
         results = await asyncio.gather(*(one(i) for i in range(100)))
         self.assertTrue(all(results))
 
+class AsyncDropped(unittest.IsolatedAsyncioTestCase):
+    """An async handle its user drops without close() gives its stream back (the shim
+    allows 4 streams here): the command is killed, nothing waits for a slot."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.daemon = Daemon("--max-streams", "4")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.daemon.stop()
+
+    async def test_dropped_processes_are_killed(self) -> None:
+        shim = await AsyncShim.connect(self.daemon.target)
+        try:
+            pids = []
+            for _ in range(12):
+                p = await asyncio.wait_for(shim.commands.start(["sleep", "300"]), 20)
+                pids.append(p.pid)
+                del p
+            loop = asyncio.get_running_loop()
+            gone = await loop.run_in_executor(None, wait_until, lambda: not any(pid_alive(x) for x in pids), 10)
+            self.assertTrue(gone, "commands of dropped handles still run: %r" % [x for x in pids if pid_alive(x)])
+            self.assertEqual((await shim.commands.run("echo fine")).stdout, "fine\n")
+        finally:
+            await shim.close()
+
 
 if __name__ == "__main__":
     unittest.main()

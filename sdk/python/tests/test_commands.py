@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 import unittest
 
@@ -220,6 +221,41 @@ class Start(ShimCase):
             r = p.wait()
         self.assertIn("/dev/pts/", r.stdout)
         self.assertIn("30 100", r.stdout)
+
+
+class Dropped(ShimCase):
+    """A handle its user drops without close() gives its stream back: nothing waits
+    for a stream slot behind handles nobody holds (the shim allows 4 here)."""
+
+    daemon_args = ["--max-streams", "4"]
+
+    def test_dropped_processes_are_killed(self) -> None:
+        pids = []
+        stuck = threading.Event()  # a start waiting for a stream slot fails, not hangs
+        timer = threading.Timer(20, stuck.set)
+        timer.start()
+        try:
+            for _ in range(12):
+                # the shim allows 4 streams: without the drop the 5th start would wait
+                p = self.shim.commands.start(["sleep", "300"], abort=stuck)
+                pids.append(p.pid)
+                del p
+        finally:
+            timer.cancel()
+        self.assertTrue(wait_until(lambda: not any(pid_alive(x) for x in pids), 10),
+                        "commands of dropped handles still run: %r" % [x for x in pids if pid_alive(x)])
+        self.assertEqual(self.shim.commands.run("echo fine", timeout=10).stdout, "fine\n")
+
+    def test_dropped_streams_are_cancelled(self) -> None:
+        path = self.p("big")
+        with open(path, "wb") as f:
+            f.write(os.urandom(8 << 20))
+        for _ in range(12):
+            s = self.shim.files.open_read(path, timeout=10)
+            self.assertTrue(next(iter(s)))  # one chunk, then dropped
+            del s
+        self.assertEqual(self.shim.files.read_file(path, timeout=10)[:4], open(path, "rb").read(4))
+        self.assertTrue(wait_until(lambda: self.shim.info().streams <= 1, 10))
 
 
 class Background(ShimCase):

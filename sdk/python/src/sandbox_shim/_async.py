@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import weakref
 from typing import Any, Callable, Deque, Dict, List, Optional, Union
 
 from . import _pb
@@ -219,7 +220,7 @@ class AsyncEngine:
         self._slot_waiters: Deque["asyncio.Future[None]"] = collections.deque()
         self._write_event = asyncio.Event()
         self._drain_waiters: List["asyncio.Future[None]"] = []
-        self._closers: Dict[int, Callable[[], Any]] = {}
+        self._closers: Dict[int, Any] = {}  # weakref.WeakMethod each
         self._reader: Optional[asyncio.Task[None]] = None
         self._writer: Optional[asyncio.Task[None]] = None
         self._write_nowait = getattr(transport, "write_nowait", None)
@@ -448,7 +449,26 @@ class AsyncEngine:
     # ---- closing ----
 
     def add_closer(self, key: int, fn: Callable[[], Any]) -> None:
-        self._closers[key] = fn
+        """fn, a handle's bound method, is called when the connection closes; held
+        weakly, so that a handle its user drops is collected (its __del__ drops its
+        stream)."""
+        closers = self._closers
+
+        def gone(ref: Any, key: int = key) -> None:
+            if closers.get(key) is ref:
+                closers.pop(key, None)
+
+        self._closers[key] = weakref.WeakMethod(fn, gone)  # type: ignore[arg-type]
+
+    def drop(self, call: "AsyncCall") -> None:
+        """The stream of a handle nobody holds any more (its __del__, which the garbage
+        collector may run on any thread): given up on the loop, soon."""
+        if call.done or self.closed:
+            return
+        try:
+            self.loop.call_soon_threadsafe(call.give_up_now)
+        except RuntimeError:
+            pass  # the loop is closed: so is the connection
 
     def remove_closer(self, key: int) -> None:
         self._closers.pop(key, None)
@@ -460,9 +480,11 @@ class AsyncEngine:
         self.closed = True
         self._apply(self.proto.fail(closed_error()))
         self.error = closed_error()
-        closers = list(self._closers.values())
+        closers = [ref() for ref in self._closers.values()]
         self._closers.clear()
         for fn in closers:
+            if fn is None:
+                continue
             try:
                 r = fn()
                 if asyncio.iscoroutine(r):

@@ -201,14 +201,17 @@ class Call:
     def close(self) -> None:
         """Give the stream up if it has not ended (CANCEL; later frames dropped)."""
         with self.cond:
-            if self.done:
-                return
-            self.engine.proto.abandon(self.sid)
-            self.engine.forget_locked(self)
-            self.done = True
-            self.error = closed_error()
-            self.cond.notify_all()  # a thread blocked in next() or write() on it returns
+            self.abandon_locked()
         self.engine.flush()
+
+    def abandon_locked(self) -> None:
+        if self.done:
+            return
+        self.engine.proto.abandon(self.sid)
+        self.engine.forget_locked(self)
+        self.done = True
+        self.error = closed_error()
+        self.cond.notify_all()  # a thread blocked in next() or write() on it returns
 
 
 class Engine:
@@ -222,12 +225,13 @@ class Engine:
         self.hello = threading.Condition(self.lock)
         self.slots = threading.Condition(self.lock)  # a stream ended: room under max_streams
         self.calls: Dict[int, Call] = {}
+        self._dropped: Deque[Call] = collections.deque()  # drop() could not lock: for open()
         self.closed = False
         self.default_timeout: Optional[float] = None
         self.error: Optional[BaseException] = None
         self.pongs: Dict[bytes, Any] = {}
         self._ping_seq = 0
-        self._closers: "Dict[int, Callable[[], None]]" = {}
+        self._closers: "Dict[int, Any]" = {}  # weakref.WeakMethod each
         self._reader = threading.Thread(target=_reader_main, args=(weakref.proxy(self), transport),
                                         name="sandbox_shim-reader", daemon=True)
 
@@ -307,6 +311,8 @@ class Engine:
             while True:
                 if self.error is not None:
                     raise self.error
+                while self._dropped:
+                    self._dropped.popleft().abandon_locked()  # (their CANCELs go with ours)
                 if self.proto.can_open():
                     break
                 left = None if deadline is None else deadline - time.monotonic()
@@ -324,6 +330,22 @@ class Engine:
     def request(self, req: "_pb.Request", *, timeout: Optional[float] = None, abort: Any = None) -> "_pb.Result":
         """A request without DATA: its Result."""
         return self.open(req, timeout=timeout, abort=abort).wait_end()
+
+    def drop(self, call: Call) -> None:
+        """The stream of a handle nobody holds any more (its __del__, which the garbage
+        collector may run on any thread in the middle of anything, this engine's own
+        locked sections included): given up now if the lock is free, else by the next
+        open(). Never waits for a lock."""
+        if call.done:
+            return
+        if not self.lock.acquire(blocking=False):
+            self._dropped.append(call)
+            return
+        try:
+            call.abandon_locked()
+        finally:
+            self.lock.release()
+        self.flush()
 
     def forget_locked(self, call: Call) -> None:
         if self.calls.pop(call.sid, None) is not None:
@@ -418,8 +440,20 @@ class Engine:
             pass
 
     def add_closer(self, key: int, fn: Callable[[], None]) -> None:
+        """fn, a handle's bound method, is called when the connection closes. Held
+        weakly: a handle its user drops is collected, and its __del__ cancels its stream
+        (a strong reference here would keep every dropped handle's stream open until
+        the streams run out)."""
+        closers = self._closers
+
+        def gone(ref: Any, key: int = key) -> None:
+            # (the object is being freed: its id cannot be reused before this runs)
+            if closers.get(key) is ref:
+                closers.pop(key, None)
+
+        ref = weakref.WeakMethod(fn, gone)  # type: ignore[arg-type]
         with self.lock:
-            self._closers[key] = fn
+            self._closers[key] = ref
 
     def remove_closer(self, key: int) -> None:
         with self.lock:
@@ -433,11 +467,12 @@ class Engine:
             self.closed = True
             self._apply(self.proto.fail(closed_error()))
             self.error = closed_error()
-            closers = list(self._closers.values())
+            closers = [ref() for ref in self._closers.values()]
             self._closers.clear()
         for fn in closers:
             try:
-                fn()
+                if fn is not None:
+                    fn()
             except Exception:
                 pass
         try:

@@ -102,6 +102,15 @@ class AsyncStream(Generic[T]):
             if self._call is not None:
                 self._call.close()
 
+    def __del__(self) -> None:
+        # dropped before its end: the call is cancelled (on the loop, soon)
+        try:
+            if not self._done and self._call is not None:
+                self._done = True
+                self._call.engine.drop(self._call)
+        except Exception:
+            pass
+
     async def __aenter__(self) -> "AsyncStream[T]":
         return self
 
@@ -588,6 +597,15 @@ class AsyncProcess:
         self._closed = True
         self._e.remove_closer(id(self))
         self._call.close()
+
+    def __del__(self) -> None:
+        # dropped without close(): a command still running is killed, as close() would
+        try:
+            if not self._closed:
+                self._closed = True
+                self._e.drop(self._call)
+        except Exception:
+            pass
 
     async def __aenter__(self) -> "AsyncProcess":
         return self

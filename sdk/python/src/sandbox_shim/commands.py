@@ -105,8 +105,12 @@ class Process:
         self.close()
 
     def __del__(self) -> None:
+        # dropped without close(): a command still running is killed (its stream
+        # cancelled), as close() would, without waiting for a lock
         try:
-            self.close()
+            if not self._closed:
+                self._closed = True
+                self._e.drop(self._call)
         except Exception:
             pass
 

@@ -80,8 +80,11 @@ class Stream(Generic[T]):
         self.close()
 
     def __del__(self) -> None:
+        # dropped without close(): the call is cancelled, without waiting for a lock
         try:
-            self.close()
+            if not self._done:
+                self._done = True
+                self._call.engine.drop(self._call)
         except Exception:
             pass
 
