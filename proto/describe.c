@@ -45,11 +45,12 @@ static void put_bytes(struct out *o, const uint8_t *p, size_t len, size_t max)
 	put(o, "\"%s", len > max ? "..." : "");
 }
 
-/* Secrets are shown by their length only. */
+/* Secrets are shown by their length only (and the entropy of resumed, which must not
+ * be known to anyone once it is credited to the guest's random pool). */
 static int is_secret(const char *name)
 {
 	return strstr(name, "token") != NULL || strstr(name, "secret") != NULL || strstr(name, "password") != NULL ||
-	       strstr(name, "access_key") != NULL;
+	       strstr(name, "access_key") != NULL || strcmp(name, "entropy") == 0;
 }
 
 static void put_message(struct out *o, const ProtobufCMessage *m, int depth);

@@ -63,6 +63,9 @@ static const struct op_kind *const table[] = {
 	&op_tunnel_accept_kind,
 	&op_tunnel_list_kind,
 	&op_tunnel_close_kind,
+	/* microVM snapshots */
+	&op_snapshot_prepare_kind,
+	&op_snapshot_resumed_kind,
 };
 
 /* Constant-time comparison: the time taken does not depend on where the first
@@ -135,6 +138,8 @@ int disp_hello(struct conn *c, const uint8_t *payload, size_t len, struct shim_e
 	r.initial_window = s->cfg.initial_window;
 	r.has_max_streams = 1;
 	r.max_streams = s->cfg.max_streams;
+	r.has_generation = 1;
+	r.generation = op_snapshot_generation();
 	uint8_t buf[2048];
 	size_t n = shim__v1__hello_reply__get_packed_size(&r);
 	if (n > sizeof(buf))

@@ -26,6 +26,11 @@ int log_open_file(const char *path)
 	return 0;
 }
 
+int log_fd_get(void)
+{
+	return log_fd;
+}
+
 int log_parse_level(const char *name)
 {
 	for (int i = 0; i < 4; i++)

@@ -11,6 +11,8 @@ int log_parse_level(const char *name);
 /* From now on the lines go to path (appended; created 0600) instead of stderr.
  * Start-up only; -1 with errno. */
 int log_open_file(const char *path);
+/* The fd the lines go to: stderr, or the --log-file. */
+int log_fd_get(void);
 void log_msg(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)

@@ -138,6 +138,20 @@ int mount_classify(const char *tail, int dflt);
 
 /* ---- daemon hooks (op_mount.c, loop thread) ---- */
 
+/* What the snapshot steps (op_snapshot.c) need of one mount: flush its uploads before
+ * a snapshot (mount_dirty_count on a worker), check it after a resume. */
+struct mount_snap {
+	char id[40];
+	char path[PATH_MAX];   /* as the client gave it */
+	char real[PATH_MAX];   /* the mount point in the shim's namespace */
+	char rundir[PATH_MAX]; /* rclone's cache is in it */
+	pid_t pid;             /* rclone; 0 once it has exited */
+	bool live;             /* MOUNT_LIVE (else starting, failed or unmounting) */
+	char error[256];       /* failed: what happened */
+};
+/* Loop thread: the mounts in the table (at most max of them) into out; their number. */
+unsigned op_mount_snapshot(struct mount_snap *out, unsigned max);
+
 /* Number of mounts in the table (for InfoReply.mounts). */
 unsigned op_mount_count(void);
 /* At shutdown, before children are signalled: unmount every mount (flushing what

@@ -158,6 +158,22 @@ unsigned op_mount_count(void)
 	return mt.n;
 }
 
+unsigned op_mount_snapshot(struct mount_snap *out, unsigned max)
+{
+	unsigned n = 0;
+	for (struct mount *m = mt.list; m != NULL && n < max; m = m->next) {
+		struct mount_snap *s = &out[n++];
+		snprintf(s->id, sizeof(s->id), "%s", m->id);
+		snprintf(s->path, sizeof(s->path), "%s", m->path);
+		snprintf(s->real, sizeof(s->real), "%s", m->real);
+		snprintf(s->rundir, sizeof(s->rundir), "%s", m->rundir);
+		snprintf(s->error, sizeof(s->error), "%s", m->error);
+		s->pid = m->pid;
+		s->live = m->state == SHIM__V1__MOUNT_STATE__MOUNT_LIVE;
+	}
+	return n;
+}
+
 /* ================================ records ================================ */
 
 static int proto_state(const struct mount *m)

@@ -88,6 +88,8 @@ static void info_done(struct op *op, int rc, const struct shim_err *err)
 	r.max_connections = s->cfg.max_connections;
 	r.max_streams = s->cfg.max_streams;
 	r.workers = worker_threads();
+	r.has_generation = 1;
+	r.generation = op_snapshot_generation();
 	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
 	res.kind_case = SHIM__V1__RESULT__KIND_INFO;
 	res.info = &r;

@@ -30,6 +30,13 @@ extern const struct op_kind op_mount_kind, op_mounts_kind, op_unmount_kind;
 /* op_tunnel.c: TCP tunnels (non-blocking sockets on the loop) */
 extern const struct op_kind op_tunnel_listen_kind, op_tunnel_forward_kind, op_tunnel_connect_kind,
 	op_tunnel_accept_kind, op_tunnel_list_kind, op_tunnel_close_kind;
+/* op_snapshot.c: microVM snapshots (blocking steps on workers); what a prepare holds is
+ * the daemon's until resumed, the automatic thaw or shutdown */
+extern const struct op_kind op_snapshot_prepare_kind, op_snapshot_resumed_kind;
+/* The generation HELLO_OK and info report: 0 at start, bumped by every resumed. */
+uint64_t op_snapshot_generation(void);
+/* Shutdown: thaw and continue what a prepare holds. */
+void op_snapshot_shutdown(void);
 
 /* op_fs_io.c, for truncate too: special files: "a FIFO", "a socket", "a character
  * device", "a block device", or NULL for anything else; and the refusal of one a request

@@ -7,6 +7,7 @@
 #include "listen.h"
 #include "log.h"
 #include "mount.h"
+#include "ops.h"
 #include "proc.h"
 #include "reaper.h"
 #include "util.h"
@@ -22,7 +23,7 @@
 
 struct server *srv;
 
-const char *const server_features[] = {"info", "echo", "fs", "exec", "backup", "tunnel", "mount", NULL};
+const char *const server_features[] = {"info", "echo", "fs", "exec", "backup", "tunnel", "mount", "snapshot", NULL};
 
 void server_config_defaults(struct server_config *cfg)
 {
@@ -178,6 +179,8 @@ void server_shutdown(struct server *s, const char *why)
 		return;
 	s->shutting_down = true;
 	log_info("shutting down (%s)", why);
+	/* nothing stays frozen or stopped by a snapshot_prepare */
+	op_snapshot_shutdown();
 	for (unsigned i = 0; i < s->n_listeners; i++)
 		listener_close(s->listeners[i]);
 	/* A workload first gets its SIGTERM and all the time it takes (the shim's

@@ -179,6 +179,10 @@ int cmd_mount(struct ctx *ctx, int argc, char **argv);
 int cmd_mounts(struct ctx *ctx, int argc, char **argv);
 int cmd_unmount(struct ctx *ctx, int argc, char **argv);
 
+/* ---- microVM snapshots (cmd_snapshot.c) ---- */
+int cmd_snapshot_prepare(struct ctx *ctx, int argc, char **argv);
+int cmd_resumed(struct ctx *ctx, int argc, char **argv);
+
 /* ---- the tables, for the documentation (sbx.c) ---- */
 
 /* One of main's options as --help and sbx(1) show it. */

@@ -60,6 +60,9 @@ static const struct summary {
 	{"mount", "mount an S3 bucket (rclone) inside the sandbox"},
 	{"mounts", "list the shim's mounts"},
 	{"unmount", "unmount a bucket mount"},
+	{NULL, "MicroVM snapshots"},
+	{"snapshot-prepare", "sync, flush, freeze and stop before the host snapshots the VM"},
+	{"resumed", "after a resume or fork: set the clock, add entropy, undo the prepare"},
 };
 #define NSUMMARIES (sizeof(summaries) / sizeof(summaries[0]))
 

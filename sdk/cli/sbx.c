@@ -782,6 +782,7 @@ static void info_text(const struct sbx_info *in)
 	kv("load", "%.2f %.2f %.2f", in->load[0], in->load[1], in->load[2]);
 	kv("limits", "%u connections, %u streams", in->max_connections, in->max_streams);
 	kv("workers", "%u", in->workers);
+	kv("generation", "%" PRIu64, in->generation);
 }
 
 static void info_json(const struct sbx_info *in)
@@ -809,8 +810,8 @@ static void info_json(const struct sbx_info *in)
 	/* JSON has no NaN or infinity. */
 	for (i = 0; i < 3; i++)
 		printf(isfinite(in->load[i]) ? "%s%.2f" : "%snull", i ? "," : "", in->load[i]);
-	printf("],\"max_connections\":%u,\"max_streams\":%u,\"workers\":%u}\n", in->max_connections, in->max_streams,
-	       in->workers);
+	printf("],\"max_connections\":%u,\"max_streams\":%u,\"workers\":%u,\"generation\":%" PRIu64 "}\n",
+	       in->max_connections, in->max_streams, in->workers, in->generation);
 }
 
 static int cmd_info(struct ctx *ctx, int argc, char **argv)
@@ -1199,6 +1200,28 @@ static const struct command commands[] = {
 	 "60 s; then it fails with ETIMEDOUT and stays mounted, unless --force), unmount, stop\n"
 	 "rclone, remove its config and cache (and PATH if the shim created it). Unmounting\n"
 	 "again succeeds; an unknown id or path is ENOENT. With --json, prints the record.",
+	 CMD_JSON},
+	/* microVM snapshots */
+	{"snapshot-prepare", cmd_snapshot_prepare,
+	 "[--freeze PATH]... [--thaw-after SECONDS] [--stop-background] [--flush-timeout SECONDS] [--json]",
+	 "Prepare the sandbox for a snapshot of its VM: sync, flush the mounts' pending uploads\n"
+	 "(--flush-timeout, default 60 s), then optionally freeze filesystems and stop the\n"
+	 "background processes, until 'sbx resumed' (or --thaw-after, default 30 s, after which\n"
+	 "the shim thaws and continues everything itself). Prints each step and its duration.\n"
+	 "  --freeze PATH            FIFREEZE the filesystem mounted at PATH (a mount point, not\n"
+	 "                           / or one holding the shim's state or log); repeatable, up to 16\n"
+	 "  --stop-background        SIGSTOP the process group of every detached command\n"
+	 "A second prepare before 'sbx resumed' fails with EBUSY; so does a filesystem the shim\n"
+	 "needs. After any failure nothing is frozen or stopped.",
+	 CMD_JSON},
+	{"resumed", cmd_resumed, "[--time RFC3339] [--entropy-file FILE] [--fork] [--json]",
+	 "Tell the shim the VM was resumed from a snapshot (or is a fork of one): it sets its\n"
+	 "clock to --time (default: this host's clock now; needs CAP_SYS_TIME, else the clock\n"
+	 "step says EPERM), credits the entropy (32 to 512 bytes of --entropy-file FILE, '-' for\n"
+	 "stdin; default 64 random bytes; credited only as root), bumps the generation that\n"
+	 "'sbx info' shows, thaws what snapshot-prepare froze and continues what it stopped.\n"
+	 "  --fork                   this VM is one of several resumed from one snapshot\n"
+	 "Works without a prepare before it (nothing to undo). Prints each step.",
 	 CMD_JSON},
 };
 

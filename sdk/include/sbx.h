@@ -159,6 +159,7 @@ struct sbx_server_info {
 	unsigned uid;
 	const char *hostname;
 	const char *boot_id;
+	uint64_t generation; /* bumped by every sbx_resumed(); 0 from a shim without snapshots */
 };
 SBX_API const struct sbx_server_info *sbx_client_server(const struct sbx_client *c);
 /* 1 if the shim announced feature name (e.g. "echo"). */
@@ -204,6 +205,7 @@ struct sbx_info {
 	unsigned max_connections;
 	unsigned max_streams;
 	unsigned workers;
+	uint64_t generation; /* as sbx_server_info.generation */
 };
 /* clang-format off */
 #define SBX_INFO_INIT {.struct_size = sizeof(struct sbx_info)}
@@ -854,6 +856,79 @@ struct sbx_unmount_opts {
  * and rec may be NULL (rec as in sbx_mount()). */
 SBX_API int sbx_unmount(struct sbx_client *c, const struct sbx_call_opts *opts, const char *id_or_path,
 			const struct sbx_unmount_opts *uo, struct sbx_mount_record *rec, struct sbx_error *err);
+
+/* ---- microVM snapshots (PROTOCOL.md 12.6) ----
+ * sbx_snapshot_prepare() before the host snapshots the VM: the shim syncs, flushes the
+ * mounts' pending uploads, and optionally freezes filesystems and stops the detached
+ * commands, until sbx_resumed() (on a new connection: a snapshot resets vsock) or the
+ * automatic thaw. sbx_resumed() after a resume or in a fork: the host's clock and
+ * entropy, a new generation, and everything prepare did undone. */
+
+struct sbx_snapshot_opts {
+	size_t struct_size;        /* set by SBX_SNAPSHOT_OPTS_INIT */
+	const char *const *freeze; /* NULL-terminated mount points to freeze (FIFREEZE); NULL: none */
+	unsigned thaw_after_ms;    /* thaw and continue anyway after this long; 0: 30000 */
+	int stop_background;       /* SIGSTOP the process groups of the detached commands */
+	unsigned flush_timeout_ms; /* for the mounts' pending uploads; 0: 60000 */
+};
+/* clang-format off */
+#define SBX_SNAPSHOT_OPTS_INIT {.struct_size = sizeof(struct sbx_snapshot_opts)}
+/* clang-format on */
+
+struct sbx_resumed_opts {
+	size_t struct_size; /* set by SBX_RESUMED_OPTS_INIT */
+	int64_t time_sec;   /* the host's wall clock; 0 and 0: the caller's CLOCK_REALTIME now */
+	uint32_t time_nsec;
+	const void *entropy; /* 32..512 random bytes; NULL: 64 bytes from getrandom() */
+	size_t entropy_len;
+	int fork; /* this VM is one of several resumed from one snapshot */
+};
+/* clang-format off */
+#define SBX_RESUMED_OPTS_INIT {.struct_size = sizeof(struct sbx_resumed_opts)}
+/* clang-format on */
+
+/* One step the shim took, in order. The library's (struct_size its sizeof). */
+struct sbx_snapshot_step {
+	size_t struct_size;
+	const char *name; /* "sync", "flush", "freeze", "stop", "clock", "entropy", "thaw", "continue", "mount" */
+	uint64_t duration_us;
+	int error;           /* 0: done; else an errno saying why not (EPERM: not allowed) */
+	const char *message; /* "" when none */
+	const char *path;    /* freeze, thaw: the mount point; "" otherwise */
+	unsigned count;      /* stop, continue: process groups; entropy: bits credited; flush: live mounts */
+};
+
+/* What sbx_snapshot_prepare() or sbx_resumed() did. Start it from
+ * SBX_SNAPSHOT_RESULT_INIT; free it with sbx_snapshot_result_free() (also after a
+ * failed call; safe twice). The lists are NULL-terminated, never NULL after success. */
+struct sbx_snapshot_result {
+	size_t struct_size; /* set by SBX_SNAPSHOT_RESULT_INIT */
+	uint64_t generation;
+	struct sbx_snapshot_step **steps;
+	char **frozen;          /* prepare: the filesystems now frozen */
+	char **stopped;         /* prepare: ids of the commands whose groups are stopped */
+	unsigned thaw_after_ms; /* prepare: the automatic thaw armed */
+	int prepared;           /* resumed: a prepare was held, and is undone */
+	int64_t clock_delta_ns; /* resumed: the host's time minus the guest's, before it was set */
+};
+/* clang-format off */
+#define SBX_SNAPSHOT_RESULT_INIT {.struct_size = sizeof(struct sbx_snapshot_result)}
+/* clang-format on */
+SBX_API void sbx_snapshot_result_free(struct sbx_snapshot_result *r);
+
+/* Errors: EBUSY (a prepare is held already or running; a filesystem the shim needs:
+ * "/", its state directory's or its log's), EINVAL (not a mount point, a bad option), EPERM
+ * (freezing needs CAP_SYS_ADMIN), EOPNOTSUPP (a filesystem that cannot be frozen);
+ * after any of them nothing is frozen or stopped. so and out may be NULL. */
+SBX_API int sbx_snapshot_prepare(struct sbx_client *c, const struct sbx_call_opts *opts,
+				 const struct sbx_snapshot_opts *so, struct sbx_snapshot_result *out,
+				 struct sbx_error *err);
+/* Errors: EINVAL (a time before 1970 or more than 10 years ahead of the guest's clock,
+ * entropy outside 32..512 bytes). A clock the shim may not set (no CAP_SYS_TIME) or
+ * entropy it may not credit (not root) is no failure: the step's error says EPERM.
+ * Without a prepare before it, it works and has nothing to undo. ro may be NULL. */
+SBX_API int sbx_resumed(struct sbx_client *c, const struct sbx_call_opts *opts, const struct sbx_resumed_opts *ro,
+			struct sbx_snapshot_result *out, struct sbx_error *err);
 
 /* ---- frame decoding for debugging ---- */
 

@@ -128,6 +128,7 @@ SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, str
 	out->max_connections = i->max_connections;
 	out->max_streams = i->max_streams;
 	out->workers = i->workers;
+	out->generation = i->generation;
 	shim__v1__result__free_unpacked(r, NULL);
 	if (dst != NULL)
 		sbx__struct_out_put(dst, out, sizeof(*out));

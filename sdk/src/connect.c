@@ -100,6 +100,7 @@ static int keep_info(struct sbx_client *c, const Shim__V1__HelloReply *r)
 	c->info.pid = r->pid;
 	c->info.pid1 = r->pid1;
 	c->info.uid = r->uid;
+	c->info.generation = r->generation;
 	return 0;
 }
 

@@ -233,7 +233,7 @@ sec_completion()
 {
 	grep -q '^complete -o default -F _sbx sbx$' "$ROOT/doc/sbx.bash" || fail "sbx.bash does not register _sbx"
 	want_completion "ping" pi
-	want_completion "readlink realpath restore reverse" re
+	want_completion "readlink realpath restore resumed reverse" re
 	want_completion "backup" ba
 	want_completion "--trace" --tr
 	want_completion "--target --timeout --token-file --trace" --t

@@ -1241,6 +1241,90 @@ static int case_missing_tools(void)
 	return 0;
 }
 
+static const struct sbx_snapshot_step *snap_step(const struct sbx_snapshot_result *r, const char *name,
+						 const char *path)
+{
+	for (size_t i = 0; r->steps[i] != NULL; i++)
+		if (strcmp(r->steps[i]->name, name) == 0 && (path == NULL || strcmp(r->steps[i]->path, path) == 0))
+			return r->steps[i];
+	return NULL;
+}
+
+/* microVM snapshots (PROTOCOL.md 12.6): snapshot_prepare flushes every mount's pending
+ * uploads; resumed re-checks every mount and reports the one whose rclone was killed.
+ * The clock goes through the shim's test seam, never to this machine's. */
+static int case_snapshot(void)
+{
+	s3_start();
+	CHECK(setenv("SANDBOX_SHIM_TEST_CLOCK_FILE", it_path("clock-seam"), 1) == 0);
+	struct sbx_client *c = start_shim();
+	char m1[1024], m2[1024], f[1100];
+	keep(m1, it_path("snap1"));
+	keep(m2, it_path("snap2"));
+	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
+	struct sbx_mount_record r1 = SBX_MOUNT_RECORD_INIT, r2 = SBX_MOUNT_RECORD_INIT;
+	struct sbx_error err;
+	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", m1, &mo, &r1, &err), &err);
+	CHECK_SBX(sbx_mount(c, &no_timeout, "other", m2, &mo, &r2, &err), &err);
+	snprintf(f, sizeof(f), "%s/snap.txt", m1);
+	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, f, SBX_WRITE_NO_ATOMIC, 0644, "before the snapshot", 19, NULL,
+				     &err),
+		  &err);
+	struct sbx_snapshot_result r = SBX_SNAPSHOT_RESULT_INIT;
+	CHECK_SBX(sbx_snapshot_prepare(c, &no_timeout, NULL, &r, &err), &err);
+	const struct sbx_snapshot_step *s = snap_step(&r, "flush", NULL);
+	CHECK(s != NULL);
+	CHECKF(s->error == 0, "flush: %s: %s", sbx_errno_name(s->error), s->message);
+	CHECK_EQ(s->count, 2);
+	sbx_snapshot_result_free(&r);
+	/* flushed: the object is in the bucket */
+	const char *got = s3_cat("snap.txt");
+	CHECKF(got != NULL && strcmp(got, "before the snapshot") == 0, "bkt/snap.txt: %s", got ? got : "(missing)");
+
+	/* rclone of the second mount dies while the VM is "snapshotted" */
+	CHECK(kill((pid_t)r2.rclone_pid, SIGKILL) == 0);
+	uint64_t end = it_now_ms() + 5000;
+	for (;;) {
+		struct sbx_mount_record **v = NULL;
+		size_t n = 0;
+		CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
+		bool failed = false;
+		for (size_t i = 0; i < n; i++)
+			failed |= strcmp(v[i]->path, m2) == 0 && v[i]->state == SBX_MOUNT_FAILED;
+		sbx_mounts_free(v);
+		if (failed)
+			break;
+		CHECKF(it_now_ms() < end, "the killed mount is not reported failed");
+		it_sleep_ms(20);
+	}
+	struct sbx_resumed_opts ro = SBX_RESUMED_OPTS_INIT; /* the host's time: now */
+	CHECK_SBX(sbx_resumed(c, &no_timeout, &ro, &r, &err), &err);
+	s = snap_step(&r, "mount", m1);
+	CHECKF(s != NULL && s->error == 0, "mount %s: %s", m1, s ? s->message : "no step");
+	s = snap_step(&r, "mount", m2);
+	CHECKF(s != NULL && s->error == EIO, "mount %s: %s", m2, s ? s->message : "no step");
+	CHECK_CONTAINS(s->message, "signal 9");
+	sbx_snapshot_result_free(&r);
+	/* a hung rclone (stopped): its check does not answer, resumed still does, in time */
+	CHECK(kill((pid_t)r1.rclone_pid, SIGSTOP) == 0);
+	uint64_t t0 = it_now_ms();
+	CHECK_SBX(sbx_resumed(c, &no_timeout, &ro, &r, &err), &err);
+	CHECKF(it_now_ms() - t0 < 15000, "resumed took %llu ms", (unsigned long long)(it_now_ms() - t0));
+	s = snap_step(&r, "mount", m1);
+	CHECKF(s != NULL && s->error == ETIMEDOUT, "mount %s: %s", m1, s ? s->message : "no step");
+	sbx_snapshot_result_free(&r);
+	CHECK(kill((pid_t)r1.rclone_pid, SIGCONT) == 0);
+	struct sbx_mount_record un = SBX_MOUNT_RECORD_INIT;
+	CHECK_SBX(sbx_unmount(c, &no_timeout, m1, NULL, &un, &err), &err);
+	sbx_mount_record_free(&un);
+	CHECK_SBX(sbx_unmount(c, &no_timeout, m2, NULL, &un, &err), &err);
+	sbx_mount_record_free(&un);
+	sbx_mount_record_free(&r1);
+	sbx_mount_record_free(&r2);
+	stop_all();
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -1254,6 +1338,7 @@ int main(int argc, char **argv)
 		{"secrets", case_secrets},
 		{"flush_timeout", case_flush_timeout},
 		{"rclone_killed", case_rclone_killed},
+		{"snapshot", case_snapshot},
 		{"crash_sweep", case_crash_sweep},
 		{"hung", case_hung},
 		{"shutdown", case_shutdown},

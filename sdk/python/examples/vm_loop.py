@@ -8,12 +8,19 @@ container (any target: unix:, vsock:, fc:UDS:PORT, exec:...).
 WORKDIR (inside the sandbox) defaults to /tmp/sandkiln-demo. The mount step needs an
 S3-compatible server: give S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY (and S3_BUCKET,
 default "build-cache") in the environment, or it is skipped with a message.
+
+The snapshot step runs SNAPSHOT_CMD, the host's command that snapshots the microVM
+(e.g. a Firecracker API call pausing it, creating the snapshot and resuming it, or
+restoring a fork), between snapshot_prepare and resumed; SNAPSHOT_FREEZE lists mount
+points to freeze meanwhile (colon-separated), SNAPSHOT_FORK=1 says the VM is a fork.
+Without SNAPSHOT_CMD it is skipped with a message.
 """
 
 from __future__ import annotations
 
 import http.server
 import os
+import subprocess
 import sys
 import threading
 import urllib.request
@@ -117,6 +124,27 @@ def tunnel_step(sandbox: Shim, work: str) -> None:
         dev.kill()
 
 
+def steps(result) -> str:
+    return ", ".join(f"{s.name} {s.error_name or 'ok'}" for s in result.steps)
+
+
+def snapshot_step(sandbox: Shim) -> None:
+    cmd = os.environ.get("SNAPSHOT_CMD")
+    if not cmd:
+        print("snapshot: skipped (set SNAPSHOT_CMD to the host's command that snapshots the VM)")
+        return
+    freeze = [p for p in os.environ.get("SNAPSHOT_FREEZE", "").split(":") if p]
+    # sync, flush the mounts, freeze, stop the background processes; thawed anyway
+    # after two minutes should the host never come back
+    prep = sandbox.snapshot_prepare(freeze=freeze, stop_background=True, thaw_after=120)
+    print(f"snapshot: prepared ({steps(prep)}), generation {prep.generation}")
+    subprocess.run(cmd, shell=True, check=True)
+    # a snapshot resets every vsock connection: a new one for the host's first request
+    with Shim.connect(wait=10) as resumed:
+        r = resumed.resumed(fork=os.environ.get("SNAPSHOT_FORK") == "1")
+        print(f"snapshot: resumed ({steps(r)}), generation {r.generation}")
+
+
 def main() -> int:
     work = sys.argv[1] if len(sys.argv) > 1 else "/tmp/sandkiln-demo"
     try:
@@ -125,6 +153,7 @@ def main() -> int:
             file_ops(sandbox, work)
             mount_step(sandbox, work)
             tunnel_step(sandbox, work)
+            snapshot_step(sandbox)
     except SandboxError as e:
         print(f"failed: {e} ({type(e).__name__})", file=sys.stderr)
         return 1

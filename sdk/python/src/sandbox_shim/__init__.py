@@ -38,6 +38,8 @@ from .types import (
     SandboxFileStat,
     ServerInfo,
     ShimInfo,
+    SnapshotResult,
+    SnapshotStep,
     WatchEvent,
 )
 from .client import Shim
@@ -74,6 +76,8 @@ __all__ = [
     "DirectoryBackupRecord",
     "RestoreResult",
     "ShimInfo",
+    "SnapshotResult",
+    "SnapshotStep",
     "errno_name",
     "signal_number",
 ]

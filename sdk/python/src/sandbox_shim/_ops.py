@@ -17,6 +17,8 @@ from .types import (
     SandboxFileEntry,
     SandboxFileStat,
     ShimInfo,
+    SnapshotResult,
+    SnapshotStep,
     WatchEvent,
     utc,
 )
@@ -58,8 +60,68 @@ def info_result(i: "_pb.InfoReply") -> ShimInfo:
         uptime=i.uptime_ms / 1000, pid=i.pid, pid1=bool(i.pid1), uid=i.uid, gid=i.gid,
         hostname=i.hostname or "", boot_id=i.boot_id or "", connections=i.connections or 0,
         streams=i.streams or 0, processes=i.processes or 0, mounts=i.mounts or 0, rss_bytes=i.rss_bytes or 0,
-        load=[i.load1 or 0.0, i.load5 or 0.0, i.load15 or 0.0],
+        load=[i.load1 or 0.0, i.load5 or 0.0, i.load15 or 0.0], generation=i.generation or 0,
     )
+
+
+# ---- microVM snapshots (PROTOCOL.md 12.6) ----
+
+FREEZE_MAX = 16
+
+
+def snapshot_prepare_req(freeze: Optional[Sequence[Any]], thaw_after: Optional[float], stop_background: bool,
+                         flush_timeout: Optional[float]) -> "_pb.Request":
+    if isinstance(freeze, (str, bytes)):
+        raise TypeError("freeze must be a list of paths, not a single path")
+    paths = [fspath(p, "freeze") for p in (freeze or [])]
+    if len(paths) > FREEZE_MAX:
+        raise ValueError(f"freeze: at most {FREEZE_MAX} filesystems")
+    return _pb.Request(snapshot_prepare=_pb.SnapshotPrepareRequest(
+        freeze=paths, thaw_after_ms=millis(thaw_after, "thaw_after"),
+        stop_background=check_bool("stop_background", stop_background) or None,
+        flush_timeout_ms=millis(flush_timeout, "flush_timeout")))
+
+
+def resumed_req(time: Optional[float], entropy: Optional[bytes], fork: bool) -> "_pb.Request":
+    """time: the host's wall clock in seconds since the epoch (None: this host's now);
+    entropy: 32..512 bytes (None: 64 bytes of os.urandom). Range checks are the shim's."""
+    import time as _time
+
+    if time is None:
+        ns = _time.time_ns()
+    else:
+        if isinstance(time, bool) or not isinstance(time, (int, float)):
+            raise TypeError(f"time must be a number of seconds, not {type(time).__name__}")
+        ns = int(time * 1_000_000_000) if isinstance(time, float) else time * 1_000_000_000
+    if entropy is None:
+        entropy = os.urandom(64)
+    elif not isinstance(entropy, (bytes, bytearray, memoryview)):
+        raise TypeError(f"entropy must be bytes, not {type(entropy).__name__}")
+    return _pb.Request(resumed=_pb.ResumedRequest(
+        time=_pb.Timestamp(sec=ns // 1_000_000_000, nsec=ns % 1_000_000_000), entropy=bytes(entropy),
+        fork=check_bool("fork", fork) or None))
+
+
+def _steps(steps: Sequence[Any]) -> List[SnapshotStep]:
+    from .errors import errno_name
+
+    out = []
+    for s in steps:
+        e = s.errno_num or 0
+        out.append(SnapshotStep(name=s.name, duration=s.duration_us / 1e6, error=e,
+                                error_name=(errno_name(e) or f"E{e}") if e else "", message=s.message or "",
+                                path=os.fsdecode(s.path) if s.path else "", count=s.count or 0))
+    return out
+
+
+def snapshot_prepare_result(r: "_pb.SnapshotPrepareReply") -> SnapshotResult:
+    return SnapshotResult(generation=r.generation, steps=_steps(r.steps), frozen=[os.fsdecode(p) for p in r.frozen],
+                          stopped=list(r.stopped), thaw_after=r.thaw_after_ms / 1000)
+
+
+def resumed_result(r: "_pb.ResumedReply") -> SnapshotResult:
+    return SnapshotResult(generation=r.generation, steps=_steps(r.steps), prepared=bool(r.prepared),
+                          clock_delta=(r.clock_delta_ns or 0) / 1e9)
 
 
 # ---- files ----

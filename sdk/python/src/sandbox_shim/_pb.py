@@ -488,6 +488,7 @@ class HelloReply(_Message):
         "boot_id",
         "initial_window",
         "max_streams",
+        "generation",
     )
     _FIELDS = (
         (1, "protocol_version", "required", "scalar", "uint32", None),
@@ -501,6 +502,7 @@ class HelloReply(_Message):
         (9, "boot_id", "optional", "scalar", "string", None),
         (10, "initial_window", "required", "scalar", "uint32", None),
         (11, "max_streams", "optional", "scalar", "uint32", None),
+        (12, "generation", "optional", "scalar", "uint64", None),
     )
 
     def __init__(
@@ -517,6 +519,7 @@ class HelloReply(_Message):
         boot_id: str | None = None,
         initial_window: int | None = None,  # per-stream DATA credit the shim grants
         max_streams: int | None = None,  # streams in flight allowed on this connection
+        generation: int | None = None,  # bumped by every `resumed` (PROTOCOL.md 12.6); 0 at start
     ) -> None:
         self.protocol_version = protocol_version
         self.shim_version = shim_version
@@ -529,6 +532,7 @@ class HelloReply(_Message):
         self.boot_id = boot_id
         self.initial_window = initial_window
         self.max_streams = max_streams
+        self.generation = generation
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -620,6 +624,15 @@ class HelloReply(_Message):
                 out.append(v)
             else:
                 out += _ev(v)
+        v = self.generation
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+                v = _check_int(v, "HelloReply.generation", "uint64")
+            out += b"\x60"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         return bytes(out)
 
     @classmethod
@@ -641,6 +654,7 @@ class HelloReply(_Message):
         self.boot_id = None
         self.initial_window = None
         self.max_streams = None
+        self.generation = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -715,6 +729,14 @@ class HelloReply(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFF
                 self.max_streams = v
+            elif tag == 96:  # field 12 generation: uint64
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.generation = v
             else:
                 pos = _skip(data, pos, end, tag, HelloReply._NUMBERS, "HelloReply")
         if pos != end:
@@ -875,6 +897,8 @@ class Request(_Message):
         "tunnel_accept",
         "tunnels",
         "tunnel_close",
+        "snapshot_prepare",
+        "resumed",
         "fs",
     )
     _FIELDS = (
@@ -916,6 +940,8 @@ class Request(_Message):
         (83, "tunnel_accept", "optional", "message", "TunnelAcceptRequest", "kind"),
         (84, "tunnels", "optional", "message", "TunnelListRequest", "kind"),
         (85, "tunnel_close", "optional", "message", "TunnelCloseRequest", "kind"),
+        (90, "snapshot_prepare", "optional", "message", "SnapshotPrepareRequest", "kind"),
+        (91, "resumed", "optional", "message", "ResumedRequest", "kind"),
         (100, "fs", "optional", "message", "FsOptions", None),
     )
     _ONEOFS = {
@@ -958,6 +984,8 @@ class Request(_Message):
             "tunnel_accept",
             "tunnels",
             "tunnel_close",
+            "snapshot_prepare",
+            "resumed",
         ),
     }
 
@@ -1007,6 +1035,9 @@ class Request(_Message):
         tunnel_accept: TunnelAcceptRequest | None = None,
         tunnels: TunnelListRequest | None = None,
         tunnel_close: TunnelCloseRequest | None = None,
+        # microVM snapshots (fields 90..99; PROTOCOL.md 12.6)
+        snapshot_prepare: SnapshotPrepareRequest | None = None,
+        resumed: ResumedRequest | None = None,
         # As whom a file operation acts and how it resolves its paths (PROTOCOL.md 12.1.1).
         # Requests that take no path ignore it; exec has its own user and group.
         fs: FsOptions | None = None,
@@ -1049,6 +1080,8 @@ class Request(_Message):
         self.tunnel_accept = tunnel_accept
         self.tunnels = tunnels
         self.tunnel_close = tunnel_close
+        self.snapshot_prepare = snapshot_prepare
+        self.resumed = resumed
         self.fs = fs
 
     def encode(self) -> bytes:
@@ -1245,6 +1278,16 @@ class Request(_Message):
             n_kind += 1
             out += b"\xaa\x05"
             _put_msg(out, v, TunnelCloseRequest, "Request.tunnel_close")
+        v = self.snapshot_prepare
+        if v is not None:
+            n_kind += 1
+            out += b"\xd2\x05"
+            _put_msg(out, v, SnapshotPrepareRequest, "Request.snapshot_prepare")
+        v = self.resumed
+        if v is not None:
+            n_kind += 1
+            out += b"\xda\x05"
+            _put_msg(out, v, ResumedRequest, "Request.resumed")
         v = self.fs
         if v is not None:
             out += b"\xa2\x06"
@@ -1299,6 +1342,8 @@ class Request(_Message):
         self.tunnel_accept = None
         self.tunnels = None
         self.tunnel_close = None
+        self.snapshot_prepare = None
+        self.resumed = None
         self.fs = None
         o_kind = None  # the member of oneof kind seen last
         while pos < end:
@@ -1535,6 +1580,18 @@ class Request(_Message):
                 o_kind = "tunnel_close"
                 p, pos = _ld(data, pos, end, "Request.tunnel_close")
                 self.tunnel_close = TunnelCloseRequest._dec(data, p, pos)
+            elif tag == 722:  # field 90 snapshot_prepare: SnapshotPrepareRequest, oneof kind
+                if o_kind is not None:
+                    setattr(self, o_kind, None)
+                o_kind = "snapshot_prepare"
+                p, pos = _ld(data, pos, end, "Request.snapshot_prepare")
+                self.snapshot_prepare = SnapshotPrepareRequest._dec(data, p, pos)
+            elif tag == 730:  # field 91 resumed: ResumedRequest, oneof kind
+                if o_kind is not None:
+                    setattr(self, o_kind, None)
+                o_kind = "resumed"
+                p, pos = _ld(data, pos, end, "Request.resumed")
+                self.resumed = ResumedRequest._dec(data, p, pos)
             elif tag == 802:  # field 100 fs: FsOptions
                 p, pos = _ld(data, pos, end, "Request.fs")
                 self.fs = FsOptions._dec(data, p, pos)
@@ -1622,6 +1679,10 @@ class Request(_Message):
             return "tunnels"
         if self.tunnel_close is not None:
             return "tunnel_close"
+        if self.snapshot_prepare is not None:
+            return "snapshot_prepare"
+        if self.resumed is not None:
+            return "resumed"
         return None
 
 
@@ -1752,6 +1813,8 @@ class Result(_Message):
         "tunnel",
         "tunnels",
         "tunnel_conn",
+        "snapshot_prepare",
+        "resumed",
     )
     _FIELDS = (
         (1, "info", "optional", "message", "InfoReply", "kind"),
@@ -1774,6 +1837,8 @@ class Result(_Message):
         (80, "tunnel", "optional", "message", "TunnelInfo", "kind"),
         (81, "tunnels", "optional", "message", "TunnelList", "kind"),
         (82, "tunnel_conn", "optional", "message", "TunnelConnEnd", "kind"),
+        (90, "snapshot_prepare", "optional", "message", "SnapshotPrepareReply", "kind"),
+        (91, "resumed", "optional", "message", "ResumedReply", "kind"),
     )
     _ONEOFS = {
         "kind": (
@@ -1797,6 +1862,8 @@ class Result(_Message):
             "tunnel",
             "tunnels",
             "tunnel_conn",
+            "snapshot_prepare",
+            "resumed",
         ),
     }
 
@@ -1824,6 +1891,8 @@ class Result(_Message):
         tunnel: TunnelInfo | None = None,  # tunnel_listen, tunnel_forward: the tunnel was closed
         tunnels: TunnelList | None = None,
         tunnel_conn: TunnelConnEnd | None = None,  # tunnel_connect, tunnel_accept: both directions finished
+        snapshot_prepare: SnapshotPrepareReply | None = None,
+        resumed: ResumedReply | None = None,
     ) -> None:
         self.info = info
         self.echo = echo
@@ -1845,6 +1914,8 @@ class Result(_Message):
         self.tunnel = tunnel
         self.tunnels = tunnels
         self.tunnel_conn = tunnel_conn
+        self.snapshot_prepare = snapshot_prepare
+        self.resumed = resumed
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -1950,6 +2021,16 @@ class Result(_Message):
             n_kind += 1
             out += b"\x92\x05"
             _put_msg(out, v, TunnelConnEnd, "Result.tunnel_conn")
+        v = self.snapshot_prepare
+        if v is not None:
+            n_kind += 1
+            out += b"\xd2\x05"
+            _put_msg(out, v, SnapshotPrepareReply, "Result.snapshot_prepare")
+        v = self.resumed
+        if v is not None:
+            n_kind += 1
+            out += b"\xda\x05"
+            _put_msg(out, v, ResumedReply, "Result.resumed")
         if n_kind > 1:
             raise _oneof_error(self, "kind")
         return bytes(out)
@@ -1982,6 +2063,8 @@ class Result(_Message):
         self.tunnel = None
         self.tunnels = None
         self.tunnel_conn = None
+        self.snapshot_prepare = None
+        self.resumed = None
         o_kind = None  # the member of oneof kind seen last
         while pos < end:
             tag = data[pos]
@@ -2109,6 +2192,18 @@ class Result(_Message):
                 o_kind = "tunnel_conn"
                 p, pos = _ld(data, pos, end, "Result.tunnel_conn")
                 self.tunnel_conn = TunnelConnEnd._dec(data, p, pos)
+            elif tag == 722:  # field 90 snapshot_prepare: SnapshotPrepareReply, oneof kind
+                if o_kind is not None:
+                    setattr(self, o_kind, None)
+                o_kind = "snapshot_prepare"
+                p, pos = _ld(data, pos, end, "Result.snapshot_prepare")
+                self.snapshot_prepare = SnapshotPrepareReply._dec(data, p, pos)
+            elif tag == 730:  # field 91 resumed: ResumedReply, oneof kind
+                if o_kind is not None:
+                    setattr(self, o_kind, None)
+                o_kind = "resumed"
+                p, pos = _ld(data, pos, end, "Result.resumed")
+                self.resumed = ResumedReply._dec(data, p, pos)
             else:
                 pos = _skip(data, pos, end, tag, Result._NUMBERS, "Result")
         if pos != end:
@@ -2157,6 +2252,10 @@ class Result(_Message):
             return "tunnels"
         if self.tunnel_conn is not None:
             return "tunnel_conn"
+        if self.snapshot_prepare is not None:
+            return "snapshot_prepare"
+        if self.resumed is not None:
+            return "resumed"
         return None
 
 
@@ -2472,6 +2571,7 @@ class InfoReply(_Message):
         "max_connections",
         "max_streams",
         "workers",
+        "generation",
     )
     _FIELDS = (
         (1, "shim_version", "required", "scalar", "string", None),
@@ -2495,6 +2595,7 @@ class InfoReply(_Message):
         (19, "max_connections", "optional", "scalar", "uint32", None),
         (20, "max_streams", "optional", "scalar", "uint32", None),
         (21, "workers", "optional", "scalar", "uint32", None),
+        (22, "generation", "optional", "scalar", "uint64", None),
     )
 
     def __init__(
@@ -2521,6 +2622,7 @@ class InfoReply(_Message):
         max_connections: int | None = None,
         max_streams: int | None = None,
         workers: int | None = None,
+        generation: int | None = None,  # as HelloReply.generation
     ) -> None:
         self.shim_version = shim_version
         self.protocol_version = protocol_version
@@ -2543,6 +2645,7 @@ class InfoReply(_Message):
         self.max_connections = max_connections
         self.max_streams = max_streams
         self.workers = workers
+        self.generation = generation
 
     def encode(self) -> bytes:
         """The message in protobuf binary form; EncodeError if it cannot be encoded."""
@@ -2715,6 +2818,15 @@ class InfoReply(_Message):
                 out.append(v)
             else:
                 out += _ev(v)
+        v = self.generation
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+                v = _check_int(v, "InfoReply.generation", "uint64")
+            out += b"\xb0\x01"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
         return bytes(out)
 
     @classmethod
@@ -2746,6 +2858,7 @@ class InfoReply(_Message):
         self.max_connections = None
         self.max_streams = None
         self.workers = None
+        self.generation = None
         while pos < end:
             tag = data[pos]
             if tag < 0x80:
@@ -2891,6 +3004,14 @@ class InfoReply(_Message):
                     v, pos = _dv(data, pos)
                     v &= 0xFFFFFFFF
                 self.workers = v
+            elif tag == 176:  # field 22 generation: uint64
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.generation = v
             else:
                 pos = _skip(data, pos, end, tag, InfoReply._NUMBERS, "InfoReply")
         if pos != end:
@@ -10029,6 +10150,598 @@ class MountList(_Message):
         return self
 
 
+# Before the host snapshots the VM: sync, flush the mounts' pending uploads, optionally
+# freeze filesystems and stop background processes, until `resumed` (or thaw_after_ms).
+class SnapshotPrepareRequest(_Message):
+    """message shim.v1.SnapshotPrepareRequest"""
+
+    __slots__ = ("freeze", "thaw_after_ms", "stop_background", "flush_timeout_ms")
+    _FIELDS = (
+        (1, "freeze", "repeated", "scalar", "bytes", None),
+        (2, "thaw_after_ms", "optional", "scalar", "uint32", None),
+        (3, "stop_background", "optional", "scalar", "bool", None),
+        (4, "flush_timeout_ms", "optional", "scalar", "uint32", None),
+    )
+
+    def __init__(
+        self,
+        *,
+        freeze: Iterable[bytes] | None = None,  # mount points to FIFREEZE (at most 16)
+        thaw_after_ms: int | None = None,  # automatic thaw and continue (default 30000; 100..3600000)
+        stop_background: bool | None = None,  # SIGSTOP the process groups of detached commands
+        flush_timeout_ms: int | None = None,  # the mounts' pending uploads (default 60000; at most 600000)
+    ) -> None:
+        self.freeze = [] if freeze is None else _list(freeze, "SnapshotPrepareRequest.freeze")
+        self.thaw_after_ms = thaw_after_ms
+        self.stop_background = stop_background
+        self.flush_timeout_ms = flush_timeout_ms
+
+    def encode(self) -> bytes:
+        """The message in protobuf binary form; EncodeError if it cannot be encoded."""
+        out = bytearray()
+        vs = self.freeze
+        if vs.__class__ is not list:
+            vs = _seq(vs, "SnapshotPrepareRequest.freeze")
+        for v in vs:
+            out += b"\x0a"
+            _put_bytes(out, v, "SnapshotPrepareRequest.freeze")
+        v = self.thaw_after_ms
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "SnapshotPrepareRequest.thaw_after_ms", "uint32")
+            out += b"\x10"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
+        v = self.stop_background
+        if v is not None:
+            if v is True:
+                out += b"\x18\x01"
+            elif v is False:
+                out += b"\x18\x00"
+            else:
+                raise _type_error("SnapshotPrepareRequest.stop_background", v, "bool")
+        v = self.flush_timeout_ms
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "SnapshotPrepareRequest.flush_timeout_ms", "uint32")
+            out += b"\x20"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> SnapshotPrepareRequest:
+        """The message encoded in data; DecodeError if data is not one."""
+        return _decode(SnapshotPrepareRequest, data)
+
+    @staticmethod
+    def _dec(data: bytes, pos: int, end: int) -> SnapshotPrepareRequest:
+        self = SnapshotPrepareRequest.__new__(SnapshotPrepareRequest)
+        self.freeze = []
+        self.thaw_after_ms = None
+        self.stop_background = None
+        self.flush_timeout_ms = None
+        while pos < end:
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _dv(data, pos)
+            if tag == 10:  # field 1 freeze: repeated bytes
+                p, pos = _ld(data, pos, end, "SnapshotPrepareRequest.freeze")
+                self.freeze.append(data[p:pos])
+            elif tag == 16:  # field 2 thaw_after_ms: uint32
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFF
+                self.thaw_after_ms = v
+            elif tag == 24:  # field 3 stop_background: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.stop_background = v != 0
+            elif tag == 32:  # field 4 flush_timeout_ms: uint32
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFF
+                self.flush_timeout_ms = v
+            else:
+                pos = _skip(data, pos, end, tag, SnapshotPrepareRequest._NUMBERS, "SnapshotPrepareRequest")
+        if pos != end:
+            raise DecodeError("SnapshotPrepareRequest: the last field runs past the end of the message")
+        return self
+
+
+# One step of snapshot_prepare or resumed, in the order they ran.
+class SnapshotStep(_Message):
+    """message shim.v1.SnapshotStep"""
+
+    __slots__ = ("name", "duration_us", "errno_num", "message", "path", "count")
+    _FIELDS = (
+        (1, "name", "required", "scalar", "string", None),
+        (2, "duration_us", "required", "scalar", "uint64", None),
+        (3, "errno_num", "optional", "scalar", "int32", None),
+        (4, "message", "optional", "scalar", "string", None),
+        (5, "path", "optional", "scalar", "bytes", None),
+        (6, "count", "optional", "scalar", "uint32", None),
+    )
+
+    def __init__(
+        self,
+        *,
+        # "sync", "flush", "freeze", "stop", "clock", "entropy", "thaw", "continue", "mount"
+        name: str | None = None,
+        duration_us: int | None = None,
+        errno_num: int | None = None,  # absent or 0: done; else why not (e.g. 1 EPERM)
+        message: str | None = None,  # what happened, for people
+        path: bytes | None = None,  # freeze, thaw: the mount point
+        count: int | None = None,  # stop, continue: process groups; entropy: bits credited; flush: live mounts
+    ) -> None:
+        self.name = name
+        self.duration_us = duration_us
+        self.errno_num = errno_num
+        self.message = message
+        self.path = path
+        self.count = count
+
+    def encode(self) -> bytes:
+        """The message in protobuf binary form; EncodeError if it cannot be encoded."""
+        out = bytearray()
+        v = self.name
+        if v is None:
+            raise EncodeError("SnapshotStep.name: required field not set")
+        out += b"\x0a"
+        _put_str(out, v, "SnapshotStep.name")
+        v = self.duration_us
+        if v is None:
+            raise EncodeError("SnapshotStep.duration_us: required field not set")
+        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+            v = _check_int(v, "SnapshotStep.duration_us", "uint64")
+        out += b"\x10"
+        if v < 0x80:
+            out.append(v)
+        else:
+            out += _ev(v)
+        v = self.errno_num
+        if v is not None:
+            if v.__class__ is not int or v < -0x80000000 or v > 0x7FFFFFFF:
+                v = _check_int(v, "SnapshotStep.errno_num", "int32")
+            out += b"\x18"
+            if 0 <= v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v & 0xFFFFFFFFFFFFFFFF)  # negative: 10 bytes, two's complement
+        v = self.message
+        if v is not None:
+            out += b"\x22"
+            _put_str(out, v, "SnapshotStep.message")
+        v = self.path
+        if v is not None:
+            out += b"\x2a"
+            _put_bytes(out, v, "SnapshotStep.path")
+        v = self.count
+        if v is not None:
+            if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+                v = _check_int(v, "SnapshotStep.count", "uint32")
+            out += b"\x30"
+            if v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v)
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> SnapshotStep:
+        """The message encoded in data; DecodeError if data is not one."""
+        return _decode(SnapshotStep, data)
+
+    @staticmethod
+    def _dec(data: bytes, pos: int, end: int) -> SnapshotStep:
+        self = SnapshotStep.__new__(SnapshotStep)
+        self.name = None
+        self.duration_us = None
+        self.errno_num = None
+        self.message = None
+        self.path = None
+        self.count = None
+        while pos < end:
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _dv(data, pos)
+            if tag == 10:  # field 1 name: string
+                p, pos = _ld(data, pos, end, "SnapshotStep.name")
+                self.name = data[p:pos].decode("utf-8", "replace")
+            elif tag == 16:  # field 2 duration_us: uint64
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.duration_us = v
+            elif tag == 24:  # field 3 errno_num: int32
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFF
+                    if v > 0x7FFFFFFF:
+                        v -= 0x100000000
+                self.errno_num = v
+            elif tag == 34:  # field 4 message: string
+                p, pos = _ld(data, pos, end, "SnapshotStep.message")
+                self.message = data[p:pos].decode("utf-8", "replace")
+            elif tag == 42:  # field 5 path: bytes
+                p, pos = _ld(data, pos, end, "SnapshotStep.path")
+                self.path = data[p:pos]
+            elif tag == 48:  # field 6 count: uint32
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFF
+                self.count = v
+            else:
+                pos = _skip(data, pos, end, tag, SnapshotStep._NUMBERS, "SnapshotStep")
+        if pos != end:
+            raise DecodeError("SnapshotStep: the last field runs past the end of the message")
+        if self.name is None:
+            raise DecodeError("SnapshotStep.name: required field missing")
+        if self.duration_us is None:
+            raise DecodeError("SnapshotStep.duration_us: required field missing")
+        return self
+
+
+class SnapshotPrepareReply(_Message):
+    """message shim.v1.SnapshotPrepareReply"""
+
+    __slots__ = ("steps", "frozen", "stopped", "thaw_after_ms", "generation")
+    _FIELDS = (
+        (1, "steps", "repeated", "message", "SnapshotStep", None),
+        (2, "frozen", "repeated", "scalar", "bytes", None),
+        (3, "stopped", "repeated", "scalar", "string", None),
+        (4, "thaw_after_ms", "required", "scalar", "uint32", None),
+        (5, "generation", "required", "scalar", "uint64", None),
+    )
+
+    def __init__(
+        self,
+        *,
+        steps: Iterable[SnapshotStep] | None = None,
+        frozen: Iterable[bytes] | None = None,  # the filesystems now frozen
+        stopped: Iterable[str] | None = None,  # ids of the processes whose groups are stopped
+        thaw_after_ms: int | None = None,  # the automatic thaw armed (0: nothing is held)
+        generation: int | None = None,
+    ) -> None:
+        self.steps = [] if steps is None else _list(steps, "SnapshotPrepareReply.steps")
+        self.frozen = [] if frozen is None else _list(frozen, "SnapshotPrepareReply.frozen")
+        self.stopped = [] if stopped is None else _list(stopped, "SnapshotPrepareReply.stopped")
+        self.thaw_after_ms = thaw_after_ms
+        self.generation = generation
+
+    def encode(self) -> bytes:
+        """The message in protobuf binary form; EncodeError if it cannot be encoded."""
+        out = bytearray()
+        vs = self.steps
+        if vs.__class__ is not list:
+            vs = _seq(vs, "SnapshotPrepareReply.steps")
+        for v in vs:
+            out += b"\x0a"
+            _put_msg(out, v, SnapshotStep, "SnapshotPrepareReply.steps")
+        vs = self.frozen
+        if vs.__class__ is not list:
+            vs = _seq(vs, "SnapshotPrepareReply.frozen")
+        for v in vs:
+            out += b"\x12"
+            _put_bytes(out, v, "SnapshotPrepareReply.frozen")
+        vs = self.stopped
+        if vs.__class__ is not list:
+            vs = _seq(vs, "SnapshotPrepareReply.stopped")
+        for v in vs:
+            out += b"\x1a"
+            _put_str(out, v, "SnapshotPrepareReply.stopped")
+        v = self.thaw_after_ms
+        if v is None:
+            raise EncodeError("SnapshotPrepareReply.thaw_after_ms: required field not set")
+        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFF:
+            v = _check_int(v, "SnapshotPrepareReply.thaw_after_ms", "uint32")
+        out += b"\x20"
+        if v < 0x80:
+            out.append(v)
+        else:
+            out += _ev(v)
+        v = self.generation
+        if v is None:
+            raise EncodeError("SnapshotPrepareReply.generation: required field not set")
+        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+            v = _check_int(v, "SnapshotPrepareReply.generation", "uint64")
+        out += b"\x28"
+        if v < 0x80:
+            out.append(v)
+        else:
+            out += _ev(v)
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> SnapshotPrepareReply:
+        """The message encoded in data; DecodeError if data is not one."""
+        return _decode(SnapshotPrepareReply, data)
+
+    @staticmethod
+    def _dec(data: bytes, pos: int, end: int) -> SnapshotPrepareReply:
+        self = SnapshotPrepareReply.__new__(SnapshotPrepareReply)
+        self.steps = []
+        self.frozen = []
+        self.stopped = []
+        self.thaw_after_ms = None
+        self.generation = None
+        while pos < end:
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _dv(data, pos)
+            if tag == 10:  # field 1 steps: repeated SnapshotStep
+                p, pos = _ld(data, pos, end, "SnapshotPrepareReply.steps")
+                self.steps.append(SnapshotStep._dec(data, p, pos))
+            elif tag == 18:  # field 2 frozen: repeated bytes
+                p, pos = _ld(data, pos, end, "SnapshotPrepareReply.frozen")
+                self.frozen.append(data[p:pos])
+            elif tag == 26:  # field 3 stopped: repeated string
+                p, pos = _ld(data, pos, end, "SnapshotPrepareReply.stopped")
+                self.stopped.append(data[p:pos].decode("utf-8", "replace"))
+            elif tag == 32:  # field 4 thaw_after_ms: uint32
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFF
+                self.thaw_after_ms = v
+            elif tag == 40:  # field 5 generation: uint64
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.generation = v
+            else:
+                pos = _skip(data, pos, end, tag, SnapshotPrepareReply._NUMBERS, "SnapshotPrepareReply")
+        if pos != end:
+            raise DecodeError("SnapshotPrepareReply: the last field runs past the end of the message")
+        if self.thaw_after_ms is None:
+            raise DecodeError("SnapshotPrepareReply.thaw_after_ms: required field missing")
+        if self.generation is None:
+            raise DecodeError("SnapshotPrepareReply.generation: required field missing")
+        return self
+
+
+# The host's first request after a resume (or in a fork): its wall clock and fresh entropy.
+class ResumedRequest(_Message):
+    """message shim.v1.ResumedRequest"""
+
+    __slots__ = ("time", "entropy", "fork")
+    _FIELDS = (
+        (1, "time", "required", "message", "Timestamp", None),
+        (2, "entropy", "required", "scalar", "bytes", None),
+        (3, "fork", "optional", "scalar", "bool", None),
+    )
+
+    def __init__(
+        self,
+        *,
+        time: Timestamp | None = None,  # the host's CLOCK_REALTIME
+        entropy: bytes | None = None,  # 32..512 random bytes; shown by their length only when traced
+        fork: bool | None = None,  # this VM is one of several from one snapshot
+    ) -> None:
+        self.time = time
+        self.entropy = entropy
+        self.fork = fork
+
+    def encode(self) -> bytes:
+        """The message in protobuf binary form; EncodeError if it cannot be encoded."""
+        out = bytearray()
+        v = self.time
+        if v is None:
+            raise EncodeError("ResumedRequest.time: required field not set")
+        out += b"\x0a"
+        _put_msg(out, v, Timestamp, "ResumedRequest.time")
+        v = self.entropy
+        if v is None:
+            raise EncodeError("ResumedRequest.entropy: required field not set")
+        out += b"\x12"
+        _put_bytes(out, v, "ResumedRequest.entropy")
+        v = self.fork
+        if v is not None:
+            if v is True:
+                out += b"\x18\x01"
+            elif v is False:
+                out += b"\x18\x00"
+            else:
+                raise _type_error("ResumedRequest.fork", v, "bool")
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> ResumedRequest:
+        """The message encoded in data; DecodeError if data is not one."""
+        return _decode(ResumedRequest, data)
+
+    @staticmethod
+    def _dec(data: bytes, pos: int, end: int) -> ResumedRequest:
+        self = ResumedRequest.__new__(ResumedRequest)
+        self.time = None
+        self.entropy = None
+        self.fork = None
+        while pos < end:
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _dv(data, pos)
+            if tag == 10:  # field 1 time: Timestamp
+                p, pos = _ld(data, pos, end, "ResumedRequest.time")
+                self.time = Timestamp._dec(data, p, pos)
+            elif tag == 18:  # field 2 entropy: bytes
+                p, pos = _ld(data, pos, end, "ResumedRequest.entropy")
+                self.entropy = data[p:pos]
+            elif tag == 24:  # field 3 fork: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.fork = v != 0
+            else:
+                pos = _skip(data, pos, end, tag, ResumedRequest._NUMBERS, "ResumedRequest")
+        if pos != end:
+            raise DecodeError("ResumedRequest: the last field runs past the end of the message")
+        if self.time is None:
+            raise DecodeError("ResumedRequest.time: required field missing")
+        if self.entropy is None:
+            raise DecodeError("ResumedRequest.entropy: required field missing")
+        return self
+
+
+class ResumedReply(_Message):
+    """message shim.v1.ResumedReply"""
+
+    __slots__ = ("steps", "generation", "prepared", "clock_delta_ns")
+    _FIELDS = (
+        (1, "steps", "repeated", "message", "SnapshotStep", None),
+        (2, "generation", "required", "scalar", "uint64", None),
+        (3, "prepared", "required", "scalar", "bool", None),
+        (4, "clock_delta_ns", "optional", "scalar", "int64", None),
+    )
+
+    def __init__(
+        self,
+        *,
+        steps: Iterable[SnapshotStep] | None = None,
+        generation: int | None = None,  # the new generation
+        prepared: bool | None = None,  # a snapshot_prepare was held (and is now undone)
+        clock_delta_ns: int | None = None,  # the host's time minus the guest's, before it was set
+    ) -> None:
+        self.steps = [] if steps is None else _list(steps, "ResumedReply.steps")
+        self.generation = generation
+        self.prepared = prepared
+        self.clock_delta_ns = clock_delta_ns
+
+    def encode(self) -> bytes:
+        """The message in protobuf binary form; EncodeError if it cannot be encoded."""
+        out = bytearray()
+        vs = self.steps
+        if vs.__class__ is not list:
+            vs = _seq(vs, "ResumedReply.steps")
+        for v in vs:
+            out += b"\x0a"
+            _put_msg(out, v, SnapshotStep, "ResumedReply.steps")
+        v = self.generation
+        if v is None:
+            raise EncodeError("ResumedReply.generation: required field not set")
+        if v.__class__ is not int or v < 0 or v > 0xFFFFFFFFFFFFFFFF:
+            v = _check_int(v, "ResumedReply.generation", "uint64")
+        out += b"\x10"
+        if v < 0x80:
+            out.append(v)
+        else:
+            out += _ev(v)
+        v = self.prepared
+        if v is None:
+            raise EncodeError("ResumedReply.prepared: required field not set")
+        if v is True:
+            out += b"\x18\x01"
+        elif v is False:
+            out += b"\x18\x00"
+        else:
+            raise _type_error("ResumedReply.prepared", v, "bool")
+        v = self.clock_delta_ns
+        if v is not None:
+            if v.__class__ is not int or v < -0x8000000000000000 or v > 0x7FFFFFFFFFFFFFFF:
+                v = _check_int(v, "ResumedReply.clock_delta_ns", "int64")
+            out += b"\x20"
+            if 0 <= v < 0x80:
+                out.append(v)
+            else:
+                out += _ev(v & 0xFFFFFFFFFFFFFFFF)  # negative: 10 bytes, two's complement
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> ResumedReply:
+        """The message encoded in data; DecodeError if data is not one."""
+        return _decode(ResumedReply, data)
+
+    @staticmethod
+    def _dec(data: bytes, pos: int, end: int) -> ResumedReply:
+        self = ResumedReply.__new__(ResumedReply)
+        self.steps = []
+        self.generation = None
+        self.prepared = None
+        self.clock_delta_ns = None
+        while pos < end:
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _dv(data, pos)
+            if tag == 10:  # field 1 steps: repeated SnapshotStep
+                p, pos = _ld(data, pos, end, "ResumedReply.steps")
+                self.steps.append(SnapshotStep._dec(data, p, pos))
+            elif tag == 16:  # field 2 generation: uint64
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.generation = v
+            elif tag == 24:  # field 3 prepared: bool
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                self.prepared = v != 0
+            elif tag == 32:  # field 4 clock_delta_ns: int64
+                v = data[pos]
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = _dv(data, pos)
+                    v &= 0xFFFFFFFFFFFFFFFF
+                    if v > 0x7FFFFFFFFFFFFFFF:
+                        v -= 0x10000000000000000
+                self.clock_delta_ns = v
+            else:
+                pos = _skip(data, pos, end, tag, ResumedReply._NUMBERS, "ResumedReply")
+        if pos != end:
+            raise DecodeError("ResumedReply: the last field runs past the end of the message")
+        if self.generation is None:
+            raise DecodeError("ResumedReply.generation: required field missing")
+        if self.prepared is None:
+            raise DecodeError("ResumedReply.prepared: required field missing")
+        return self
+
+
 PACKAGE = "shim.v1"
 
 # every message class and every enum class, by name
@@ -10108,6 +10821,11 @@ MESSAGES = {
     "UnmountRequest": UnmountRequest,
     "MountRecord": MountRecord,
     "MountList": MountList,
+    "SnapshotPrepareRequest": SnapshotPrepareRequest,
+    "SnapshotStep": SnapshotStep,
+    "SnapshotPrepareReply": SnapshotPrepareReply,
+    "ResumedRequest": ResumedRequest,
+    "ResumedReply": ResumedReply,
 }
 ENUMS = {
     "FileType": FileType,

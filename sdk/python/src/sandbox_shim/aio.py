@@ -33,6 +33,7 @@ from .types import (
     SandboxFileStat,
     ServerInfo,
     ShimInfo,
+    SnapshotResult,
     WatchEvent,
 )
 
@@ -1009,6 +1010,23 @@ class AsyncShim:
         check_abort(abort)
         res = await self._e.request(_pb.Request(info=_pb.InfoRequest()), timeout=seconds(timeout), abort=abort)
         return _ops.info_result(_ops.expect(res, "info"))
+
+    async def snapshot_prepare(self, *, freeze: Optional[Sequence[Any]] = None, thaw_after: Optional[float] = None,
+                               stop_background: bool = False, flush_timeout: Optional[float] = None,
+                               timeout: Optional[float] = None, abort: Any = None) -> SnapshotResult:
+        """As Shim.snapshot_prepare()."""
+        check_abort(abort)
+        req = _ops.snapshot_prepare_req(freeze, thaw_after, stop_background, flush_timeout)
+        res = await self._e.request(req, timeout=seconds(timeout), abort=abort)
+        return _ops.snapshot_prepare_result(_ops.expect(res, "snapshot_prepare"))
+
+    async def resumed(self, *, time: Optional[float] = None, entropy: Optional[bytes] = None, fork: bool = False,
+                      timeout: Optional[float] = None, abort: Any = None) -> SnapshotResult:
+        """As Shim.resumed()."""
+        check_abort(abort)
+        req = _ops.resumed_req(time, entropy, fork)
+        res = await self._e.request(req, timeout=seconds(timeout), abort=abort)
+        return _ops.resumed_result(_ops.expect(res, "resumed"))
 
     async def eval(self, code: str, *, interpreter: Optional[Sequence[str]] = None, timeout: Optional[float] = None,
                    abort: Any = None) -> str:

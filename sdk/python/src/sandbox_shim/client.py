@@ -14,7 +14,7 @@ from .commands import Commands, run_eval
 from .files import Files
 from .mounts import Mounts
 from .transports import open_transport
-from .types import ServerInfo, ShimInfo
+from .types import ServerInfo, ShimInfo, SnapshotResult
 
 if TYPE_CHECKING:
     from .tunnels import TunnelEvent, TunnelHandle, TunnelInfo
@@ -200,6 +200,54 @@ class Shim:
         check_abort(abort)
         res = self._e.request(_pb.Request(info=_pb.InfoRequest()), timeout=seconds(timeout), abort=abort)
         return _ops.info_result(_ops.expect(res, "info"))
+
+    # ---- microVM snapshots (PROTOCOL.md 12.6) ----
+
+    def snapshot_prepare(
+        self,
+        *,
+        freeze: Optional[Sequence[Any]] = None,
+        thaw_after: Optional[float] = None,
+        stop_background: bool = False,
+        flush_timeout: Optional[float] = None,
+        timeout: Optional[float] = None,
+        abort: Any = None,
+    ) -> SnapshotResult:
+        """Before the host snapshots the VM: the shim syncs, flushes its mounts' pending
+        uploads (``flush_timeout`` seconds, default 60), freezes the filesystems mounted
+        at the ``freeze`` paths (FIFREEZE) and, with ``stop_background``, SIGSTOPs the
+        process group of every detached command -- until resumed(), or ``thaw_after``
+        seconds (default 30) after which it thaws and continues everything itself. A
+        prepare already held raises SandboxBusyError (EBUSY); a path that is no mount
+        point SandboxInvalidArgumentError; "/", or the filesystem of the shim's state
+        directory or log, EBUSY. After any failure nothing is frozen or stopped."""
+        check_abort(abort)
+        req = _ops.snapshot_prepare_req(freeze, thaw_after, stop_background, flush_timeout)
+        res = self._e.request(req, timeout=seconds(timeout), abort=abort)
+        return _ops.snapshot_prepare_result(_ops.expect(res, "snapshot_prepare"))
+
+    def resumed(
+        self,
+        *,
+        time: Optional[float] = None,
+        entropy: Optional[bytes] = None,
+        fork: bool = False,
+        timeout: Optional[float] = None,
+        abort: Any = None,
+    ) -> SnapshotResult:
+        """The host's first request after a resume (or in a fork), on a new connection
+        (a snapshot resets vsock): the shim sets its clock to ``time`` (seconds since
+        the epoch; default this host's clock now) when it has CAP_SYS_TIME, credits
+        ``entropy`` (32..512 bytes; default 64 from os.urandom) when root -- either not
+        allowed is a step with error EPERM, not an exception -- bumps the generation
+        (``info().generation``, ``server.generation`` of new connections), thaws what
+        snapshot_prepare() froze and continues what it stopped. A time before 1970 or
+        more than 10 years ahead, or entropy outside 32..512 bytes:
+        SandboxInvalidArgumentError. Without a prepare it works, with nothing to undo."""
+        check_abort(abort)
+        req = _ops.resumed_req(time, entropy, fork)
+        res = self._e.request(req, timeout=seconds(timeout), abort=abort)
+        return _ops.resumed_result(_ops.expect(res, "resumed"))
 
     # ---- tunnels ----
 

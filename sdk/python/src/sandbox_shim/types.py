@@ -19,6 +19,8 @@ __all__ = [
     "DirectoryBackupRecord",
     "RestoreResult",
     "ShimInfo",
+    "SnapshotStep",
+    "SnapshotResult",
 ]
 
 FILE_TYPES = {
@@ -63,6 +65,7 @@ class ServerInfo:
     uid: int
     hostname: str
     boot_id: str
+    generation: int = 0  # bumped by every resumed(); 0 from a shim without snapshots
 
     def __getitem__(self, key: str) -> object:
         """``server["pid"]`` as well as ``server.pid`` (the mapping of earlier versions)."""
@@ -85,6 +88,7 @@ class ServerInfo:
             uid=g("uid"),
             hostname=g("hostname") or "",
             boot_id=g("boot_id") or "",
+            generation=g("generation") or 0,
         )
 
 
@@ -344,3 +348,42 @@ class ShimInfo:
     mounts: int
     rss_bytes: int
     load: List[float] = field(default_factory=list)
+    generation: int = 0  # as ServerInfo.generation
+
+
+@dataclass(frozen=True)
+class SnapshotStep:
+    """One step of snapshot_prepare() or resumed(), in the order the shim took them:
+    name ("sync", "flush", "freeze", "stop", "clock", "entropy", "thaw", "continue",
+    "mount"), how long it took (seconds), error (0: done, else the errno saying why
+    not, e.g. 1 EPERM for a clock the shim may not set) and its name, a message, the
+    mount point (freeze, thaw, mount) and a count (process groups; entropy: bits
+    credited; flush: live mounts)."""
+
+    name: str
+    duration: float
+    error: int = 0
+    error_name: str = ""
+    message: str = ""
+    path: str = ""
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    """What snapshot_prepare() or resumed() did. prepare: the filesystems now frozen,
+    the ids of the commands whose groups are stopped, the automatic thaw armed
+    (seconds); resumed: whether a prepare was held (and is undone) and the host's time
+    minus the guest's before it was set (seconds)."""
+
+    generation: int
+    steps: List[SnapshotStep] = field(default_factory=list)
+    frozen: List[str] = field(default_factory=list)
+    stopped: List[str] = field(default_factory=list)
+    thaw_after: float = 0.0
+    prepared: bool = False
+    clock_delta: float = 0.0
+
+    def step(self, name: str) -> Optional[SnapshotStep]:
+        """The first step of that name, or None."""
+        return next((s for s in self.steps if s.name == name), None)
