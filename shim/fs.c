@@ -544,6 +544,19 @@ int fs_open_parent(const struct fs_path *p, char name_buf[NAME_MAX + 1], struct 
 		       err);
 }
 
+int fs_open_parents(const ProtobufCBinaryData *a, const ProtobufCBinaryData *b, struct fs_parent *pa,
+		    struct fs_parent *pb, struct shim_err *err)
+{
+	pa->dfd = pb->dfd = -1;
+	if (fs_path_get(a, &pa->p, err) < 0 || fs_path_get(b, &pb->p, err) < 0)
+		return -1;
+	pa->dfd = fs_open_parent(&pa->p, pa->name, err);
+	if (pa->dfd < 0)
+		return -1;
+	pb->dfd = fs_open_parent(&pb->p, pb->name, err);
+	return pb->dfd < 0 ? -1 : 0;
+}
+
 int fs_stat(const struct fs_path *p, bool follow, struct stat *st, struct shim_err *err)
 {
 	if (follow) {

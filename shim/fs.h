@@ -45,6 +45,24 @@ int fs_open(const struct fs_path *p, int flags, mode_t mode, struct shim_err *er
  * itself and the name ".". Trailing slashes are ignored. */
 int fs_open_parent(const struct fs_path *p, char name_buf[NAME_MAX + 1], struct shim_err *err);
 
+/* A path of a two-path request (rename, link, copy) and its parent, open. */
+struct fs_parent {
+	struct fs_path p;
+	char name[NAME_MAX + 1];
+	int dfd; /* -1 until opened */
+};
+static inline void fs_parent_closep(struct fs_parent *x)
+{
+	if (x->dfd >= 0)
+		close(x->dfd);
+}
+#define cleanup_parent __attribute__((cleanup(fs_parent_closep)))
+/* Both paths checked, then both parents opened (fs_path_get, fs_open_parent; the first
+ * error is the one reported). -1 with err; what was opened the caller closes
+ * (cleanup_parent). */
+int fs_open_parents(const ProtobufCBinaryData *a, const ProtobufCBinaryData *b, struct fs_parent *pa,
+		    struct fs_parent *pb, struct shim_err *err);
+
 /* stat (follow) or lstat path, confined. */
 int fs_stat(const struct fs_path *p, bool follow, struct stat *st, struct shim_err *err);
 

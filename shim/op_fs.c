@@ -338,69 +338,62 @@ static int src_removable(int dfd, const struct stat *st, const char *path, struc
 static int rename_job(struct op *op, struct shim_err *err)
 {
 	const Shim__V1__RenameRequest *r = op->req->rename;
-	struct fs_path src, dst;
-	if (fs_path_get(&r->src, &src, err) < 0 || fs_path_get(&r->dst, &dst, err) < 0)
-		return -1;
-	char sname[NAME_MAX + 1], dname[NAME_MAX + 1];
-	int cleanup_close sdfd = fs_open_parent(&src, sname, err);
-	if (sdfd < 0)
-		return -1;
-	int cleanup_close ddfd = fs_open_parent(&dst, dname, err);
-	if (ddfd < 0)
+	struct fs_parent cleanup_parent src, dst;
+	if (fs_open_parents(&r->src, &r->dst, &src, &dst, err) < 0)
 		return -1;
 	unsigned flags = r->has_no_replace && r->no_replace ? RENAME_NOREPLACE : 0;
-	if (renameat2(sdfd, sname, ddfd, dname, flags) == 0)
+	if (renameat2(src.dfd, src.name, dst.dfd, dst.name, flags) == 0)
 		return op_reply_done(&op->reply, err);
 	if (errno != EXDEV) {
 		/* name the side the error is about, where it is clear */
 		bool about_dst = errno == EEXIST || errno == ENOTEMPTY || errno == EISDIR;
-		return err_set(err, errno, about_dst ? dst.abs : src.abs, "rename");
+		return err_set(err, errno, about_dst ? dst.p.abs : src.p.abs, "rename");
 	}
 
 	/* Another filesystem (or another mount of the same one): copy, keeping
 	 * everything, to a temporary name beside dst, rename that into place, then
 	 * remove the source. */
 	struct stat st, dt;
-	if (fstatat(sdfd, sname, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return err_set(err, errno, src.abs, "lstat");
-	if (fstatat(ddfd, dname, &dt, AT_SYMLINK_NOFOLLOW) == 0) {
+	if (fstatat(src.dfd, src.name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, src.p.abs, "lstat");
+	if (fstatat(dst.dfd, dst.name, &dt, AT_SYMLINK_NOFOLLOW) == 0) {
 		/* the errors rename(2) would give, before copying anything */
 		if (flags & RENAME_NOREPLACE)
-			return err_set(err, EEXIST, dst.abs, "rename");
+			return err_set(err, EEXIST, dst.p.abs, "rename");
 		if (S_ISDIR(st.st_mode) && !S_ISDIR(dt.st_mode))
-			return err_set(err, ENOTDIR, dst.abs, "rename");
+			return err_set(err, ENOTDIR, dst.p.abs, "rename");
 		if (!S_ISDIR(st.st_mode) && S_ISDIR(dt.st_mode))
-			return err_set(err, EISDIR, dst.abs, "rename");
+			return err_set(err, EISDIR, dst.p.abs, "rename");
 	} else if (errno != ENOENT) {
-		return err_set(err, errno, dst.abs, "lstat");
+		return err_set(err, errno, dst.p.abs, "lstat");
 	}
-	if (is_dot(sname))
-		return err_set(err, EBUSY, src.abs, "rename");
-	bool dst_existed = fstatat(ddfd, dname, &dt, AT_SYMLINK_NOFOLLOW) == 0;
+	if (is_dot(src.name))
+		return err_set(err, EBUSY, src.p.abs, "rename");
+	bool dst_existed = fstatat(dst.dfd, dst.name, &dt, AT_SYMLINK_NOFOLLOW) == 0;
 	/* The source must be removable once copied, or the "move" would leave the data
 	 * in both places: check what can be checked before copying anything (a
 	 * read-only mount, no write permission on its directory, a sticky directory). */
-	if (src_removable(sdfd, &st, src.abs, err) < 0)
+	if (src_removable(src.dfd, &st, src.p.abs, err) < 0)
 		return -1;
 	struct fs_copy_stats cs = {0, 0};
 	sigset_t old;
 	fs_cancel_block(&old);
-	int rc = op_fs_copy_entry(sdfd, sname, -1, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
+	int rc = op_fs_copy_entry(src.dfd, src.name, -1, &st, dst.dfd, dst.name, flags, &cs, src.p.abs, dst.p.abs, err);
 	/* once dst is in place the move is done but for removing the source: a
 	 * cancel no longer stops it halfway */
 	bool copied = rc == 0;
 	if (rc == 0 && S_ISDIR(st.st_mode))
-		rc = op_fs_remove_tree(sdfd, sname, false, src.abs, err);
-	else if (rc == 0 && unlinkat(sdfd, sname, 0) < 0)
-		rc = err_set(err, errno, src.abs, "unlink");
+		rc = op_fs_remove_tree(src.dfd, src.name, false, src.p.abs, err);
+	else if (rc == 0 && unlinkat(src.dfd, src.name, 0) < 0)
+		rc = err_set(err, errno, src.p.abs, "unlink");
 	if (rc < 0 && copied && !dst_existed) {
 		/* the source could not go after all: take the copy back, so that a failed
 		 * move leaves one copy of the data, not two */
 		struct shim_err ignored;
 		if (S_ISDIR(st.st_mode))
-			op_fs_remove_tree(ddfd, dname, false, dst.abs, &ignored);
+			op_fs_remove_tree(dst.dfd, dst.name, false, dst.p.abs, &ignored);
 		else
-			unlinkat(ddfd, dname, 0);
+			unlinkat(dst.dfd, dst.name, 0);
 	}
 	fs_cancel_restore(&old);
 	if (rc < 0)
@@ -511,19 +504,12 @@ static int readlink_job(struct op *op, struct shim_err *err)
 static int link_job(struct op *op, struct shim_err *err)
 {
 	const Shim__V1__LinkRequest *r = op->req->link;
-	struct fs_path target, link;
-	if (fs_path_get(&r->target, &target, err) < 0 || fs_path_get(&r->link, &link, err) < 0)
-		return -1;
-	char tname[NAME_MAX + 1], lname[NAME_MAX + 1];
-	int cleanup_close tdfd = fs_open_parent(&target, tname, err);
-	if (tdfd < 0)
-		return -1;
-	int cleanup_close ldfd = fs_open_parent(&link, lname, err);
-	if (ldfd < 0)
+	struct fs_parent cleanup_parent target, link;
+	if (fs_open_parents(&r->target, &r->link, &target, &link, err) < 0)
 		return -1;
 	/* flags 0: a symlink target is linked itself, never followed (out of the root) */
-	if (linkat(tdfd, tname, ldfd, lname, 0) < 0)
-		return err_set(err, errno, link.abs, "link");
+	if (linkat(target.dfd, target.name, link.dfd, link.name, 0) < 0)
+		return err_set(err, errno, link.p.abs, "link");
 	return op_reply_done(&op->reply, err);
 }
 

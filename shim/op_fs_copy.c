@@ -431,55 +431,49 @@ int op_fs_copy_entry(int sdfd, const char *sname, int sfd, const struct stat *st
 static int copy_job(struct op *op, struct shim_err *err)
 {
 	const Shim__V1__CopyRequest *r = op->req->copy;
-	struct fs_path src, dst;
-	if (fs_path_get(&r->src, &src, err) < 0 || fs_path_get(&r->dst, &dst, err) < 0)
+	struct fs_parent cleanup_parent src, dst;
+	if (fs_open_parents(&r->src, &r->dst, &src, &dst, err) < 0)
 		return -1;
 	bool recursive = r->has_recursive && r->recursive;
-	char sname[NAME_MAX + 1], dname[NAME_MAX + 1];
-	int cleanup_close sdfd = fs_open_parent(&src, sname, err);
-	if (sdfd < 0)
-		return -1;
-	int cleanup_close ddfd = fs_open_parent(&dst, dname, err);
-	if (ddfd < 0)
-		return -1;
 	struct stat st, dt;
-	if (fstatat(sdfd, sname, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return err_set(err, errno, src.abs, "lstat");
+	if (fstatat(src.dfd, src.name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return err_set(err, errno, src.p.abs, "lstat");
 	int cleanup_close sfd = -1;
 	if (S_ISLNK(st.st_mode) && !recursive) {
 		/* like cp without -R: a symlink named as the source is followed (within
 		 * the root); with recursive it is copied as a symlink, like cp -R */
-		int cleanup_close pfd = fs_open(&src, O_PATH, 0, err);
+		int cleanup_close pfd = fs_open(&src.p, O_PATH, 0, err);
 		if (pfd < 0 || fstat(pfd, &st) < 0)
-			return pfd < 0 ? -1 : err_set(err, errno, src.abs, "stat");
+			return pfd < 0 ? -1 : err_set(err, errno, src.p.abs, "stat");
 		if (S_ISREG(st.st_mode)) {
-			sfd = fs_open(&src, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, err);
+			sfd = fs_open(&src.p, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, err);
 			if (sfd < 0)
 				return -1;
 			struct stat ost;
 			if (fstat(sfd, &ost) < 0)
-				return err_set(err, errno, src.abs, "stat");
+				return err_set(err, errno, src.p.abs, "stat");
 			if (!same_inode(&ost, &st))
-				return err_set(err, EAGAIN, src.abs, "source changed while being opened");
+				return err_set(err, EAGAIN, src.p.abs, "source changed while being opened");
 		}
 	}
 	if (S_ISDIR(st.st_mode) && !recursive)
-		return err_set(err, EISDIR, src.abs, "a directory needs a recursive copy");
+		return err_set(err, EISDIR, src.p.abs, "a directory needs a recursive copy");
 	/* dst is the exact destination: a file there is replaced (atomically), a
 	 * directory never is */
-	if (fstatat(ddfd, dname, &dt, AT_SYMLINK_NOFOLLOW) == 0) {
+	if (fstatat(dst.dfd, dst.name, &dt, AT_SYMLINK_NOFOLLOW) == 0) {
 		if (S_ISDIR(st.st_mode))
-			return err_set(err, EEXIST, dst.abs, "copy");
+			return err_set(err, EEXIST, dst.p.abs, "copy");
 		if (S_ISDIR(dt.st_mode))
-			return err_set(err, EISDIR, dst.abs, "copy");
+			return err_set(err, EISDIR, dst.p.abs, "copy");
 	} else if (errno != ENOENT) {
-		return err_set(err, errno, dst.abs, "lstat");
+		return err_set(err, errno, dst.p.abs, "lstat");
 	}
 	struct fs_copy_stats cs = {0, 0};
 	unsigned flags = S_ISDIR(st.st_mode) ? RENAME_NOREPLACE : 0;
 	sigset_t old;
 	fs_cancel_block(&old);
-	int rc = op_fs_copy_entry(sdfd, sname, sfd, &st, ddfd, dname, flags, &cs, src.abs, dst.abs, err);
+	int rc =
+		op_fs_copy_entry(src.dfd, src.name, sfd, &st, dst.dfd, dst.name, flags, &cs, src.p.abs, dst.p.abs, err);
 	fs_cancel_restore(&old);
 	if (rc < 0)
 		return -1;
