@@ -5,7 +5,7 @@
 #
 # The pages are the build's (MAN_DIR: BUILD/doc, made by the programs' hidden --dump-man). What
 # they must contain is read independently of the generator: the commands from sdk/cli/sbx.c's
-# table, the daemon's options from shim/main.c's options[], each command's options from sbx
+# table, the daemon's options from shim/core/main.c's options[], each command's options from sbx
 # itself (--complete, the tables the command parses with).
 set -uo pipefail
 
@@ -127,9 +127,9 @@ sec_man()
 	done
 
 	# sandbox-shim(8): every option of main.c's options[] has a .TP entry under OPTIONS
-	names=$(sed -n '/^static const struct option options\[\] = {/,/^};/p' "$ROOT/shim/main.c" |
+	names=$(sed -n '/^static const struct option options\[\] = {/,/^};/p' "$ROOT/shim/core/main.c" |
 		sed -n 's/^[[:space:]]*{"\([a-z0-9-]*\)",.*/\1/p')
-	[ "$(wc -l <<<"$names")" -gt 15 ] || fail "only $(wc -l <<<"$names") options read from shim/main.c"
+	[ "$(wc -l <<<"$names")" -gt 15 ] || fail "only $(wc -l <<<"$names") options read from shim/core/main.c"
 	[ "$(sed 's/^/--/' <<<"$names")" = "$("$SHIM" --list-options)" ] ||
 		fail "sandbox-shim --list-options is not main.c's options[]"
 	unroff "$shim_page" | awk '/^\.SH OPTIONS/ { on = 1; next } /^\.SH / { on = 0 }
