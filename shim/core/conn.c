@@ -70,7 +70,7 @@ struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, 
 	ev_io_init(&c->rio, conn_read_cb, rfd, EV_READ);
 	ev_io_init(&c->wio, conn_write_cb, wfd, EV_WRITE);
 	ev_io_start(s->loop, &c->rio);
-	c->last_rx = ev_now(s->loop);
+	c->last_rx = mono_s();
 	/* Keepalive starts with HELLO_OK (no PING before it); until then the handshake
 	 * deadline, whatever --keepalive says, bounds a client that never speaks. */
 	ev_init(&c->keepalive, keepalive_cb);
@@ -1006,7 +1006,7 @@ static void process_input(struct conn *c)
 			proto_error(c, EPROTO, "malformed frame header (type %u, reserved %u)", h.type, h.reserved);
 			return;
 		}
-		c->last_rx = ev_now(c->srv->loop);
+		c->last_rx = mono_s();
 		c->ping_out = false;
 		if (handle_frame(c, &h, c->in + off + FRAME_HDR_LEN) < 0)
 			return;
@@ -1069,7 +1069,7 @@ static void conn_read_input(struct conn *c)
 			return;
 		}
 		/* any byte is a sign of life, also the start of a frame still coming in */
-		c->last_rx = ev_now(c->srv->loop);
+		c->last_rx = mono_s();
 		c->ping_out = false;
 		c->inlen += (size_t)n;
 		process_input(c);
@@ -1098,7 +1098,7 @@ static void conn_take_input(struct conn *c)
 	 * socket still shows that the peer is there */
 	int n = 0;
 	if (ioctl(c->rfd, FIONREAD, &n) == 0 && n > 0) {
-		c->last_rx = ev_now(c->srv->loop);
+		c->last_rx = mono_s();
 		c->ping_out = false;
 	}
 }
@@ -1111,7 +1111,7 @@ static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	if (c->state != CONN_READY)
 		return;
 	double ka = c->srv->cfg.keepalive;
-	ev_tstamp idle = ev_now(loop) - c->last_rx;
+	double idle = mono_s() - c->last_rx;
 	if (idle < ka) {
 		w->repeat = ka - idle;
 		ev_timer_again(loop, w);
@@ -1132,7 +1132,7 @@ static void keepalive_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	static const char payload[] = "keepalive";
 	conn_send(c, 0, FRAME_PING, 0, payload, sizeof(payload) - 1);
 	c->ping_out = true;
-	c->last_rx = ev_now(loop);
+	c->last_rx = mono_s();
 	w->repeat = ka;
 	ev_timer_again(loop, w);
 }

@@ -63,7 +63,7 @@ struct conn {
 	ev_io rio, wio;
 	ev_timer keepalive, linger;
 	ev_timer handshake; /* the HELLO must come within --handshake-timeout */
-	ev_tstamp last_rx;  /* when input last arrived (any bytes) */
+	double last_rx;     /* when input last arrived (any bytes; mono_s) */
 	bool ping_out;
 	const char *doomed; /* conn_send could not queue: closed from the loop next (why) */
 	bool need_token;

@@ -833,7 +833,7 @@ static void timers_reset(void)
 	for (struct conn *c = srv->conns; c != NULL; c = c->next) {
 		if (c->state != CONN_READY)
 			continue;
-		c->last_rx = ev_now(loop);
+		c->last_rx = mono_s();
 		c->ping_out = false;
 		if (srv->cfg.keepalive > 0) {
 			c->keepalive.repeat = srv->cfg.keepalive;

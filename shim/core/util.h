@@ -49,4 +49,12 @@ static inline uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The same in seconds. For the intervals the shim measures itself (a connection's idle
+ * time, an unclaimed tunnel connection's age): libev's ev_now() is the wall clock, which
+ * a snapshot's resume or an admin can move by days. */
+static inline double mono_s(void)
+{
+	return (double)mono_ns() / 1e9;
+}
+
 #endif

@@ -43,7 +43,7 @@ struct tpending {
 	struct tpending *next;
 	uint64_t id;
 	int fd;
-	ev_tstamp at;
+	double at; /* mono_s */
 };
 
 struct tconn;
@@ -534,6 +534,7 @@ static void listen_start(struct tunnel *t)
 
 static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
+	(void)loop;
 	(void)revents;
 	struct tunnel *t = w->data;
 	for (int round = 0; round < TUN_ACCEPT_ROUNDS; round++) {
@@ -566,7 +567,7 @@ static void listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 		}
 		p->id = ++t->next_conn;
 		p->fd = fd;
-		p->at = ev_now(loop);
+		p->at = mono_s();
 		p->next = t->pending;
 		t->pending = p;
 		t->npending++;
@@ -587,7 +588,7 @@ static void ptimer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)revents;
 	struct tunnel *t = container_of(w, struct tunnel, ptimer);
-	ev_tstamp now = ev_now(loop);
+	double now = mono_s();
 	for (struct tpending **pp = &t->pending; *pp != NULL;) {
 		struct tpending *p = *pp;
 		if (now - p->at >= t->accept_timeout) {
