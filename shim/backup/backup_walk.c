@@ -409,8 +409,8 @@ static int file_inline(struct backup_walk *w, const struct stat *st, int fd_in)
 	struct backup_queue_rec *r = rec_new(w, st, 0, NULL, (size_t)st->st_size);
 	if (r == NULL)
 		return -1;
-	size_t got;
-	bool changed;
+	size_t got = 0;
+	bool changed = false;
 	if (inline_read(w, fd, st, backup_queue_data(r), &got, &changed) < 0) {
 		backup_queue_abandon(w->q, r);
 		return -1;
