@@ -238,6 +238,7 @@ static void busy_run(struct work *w)
 	volatile unsigned x = 0;
 	for (unsigned i = 0; i < 20000; i++)
 		x += i;
+	(void)x;
 }
 
 START_TEST(test_burst_no_growth)
