@@ -94,8 +94,9 @@ struct rd {
 	struct op_job close; /* the op's last job: the fd closed on a worker */
 	int fd;
 	bool seekable;
-	bool on_loop;       /* a FIFO, a socket or a character device: read on the loop, non-blocking */
-	bool sparse;        /* a regular file with fewer blocks than its size: look for holes */
+	bool sized;   /* a regular file with a size at the open (not /proc's 0): the buffer jobs clip to its size */
+	bool on_loop; /* a FIFO, a socket or a character device: read on the loop, non-blocking */
+	bool sparse;  /* a regular file with fewer blocks than its size: look for holes */
 	uint64_t next, end; /* next offset to ask for; where to stop (saturated) */
 	uint64_t size;      /* a regular file's size at the open (SIZE_UNKNOWN: read to a short read) */
 	uint64_t sent;
@@ -177,10 +178,31 @@ static size_t rd_hole(struct rd *r, struct rd_buf *b)
 	return n;
 }
 
+static void rd_buf_fill(struct rd *r, struct rd_buf *b, struct op_job *job);
+
+/* A regular file cut while we read it: the part of the buffer beyond its end now is
+ * dropped. The kernel may hand back zeros for pages a concurrent truncate took away
+ * (tmpfs does, for the length the read started with), and those were never the file's. */
+static void rd_buf_clip(struct rd *r, struct rd_buf *b)
+{
+	struct stat st;
+	if (!r->sized || b->len == 0 || fstat(r->fd, &st) < 0)
+		return;
+	uint64_t end = st.st_size > 0 ? (uint64_t)st.st_size : 0;
+	if (end < b->off + b->len)
+		b->len = end > b->off ? (size_t)(end - b->off) : 0;
+}
+
 static void rd_buf_run(struct op_job *job)
 {
 	struct rd_buf *b = container_of(job, struct rd_buf, job);
 	struct rd *r = job->op->data;
+	rd_buf_fill(r, b, job);
+	rd_buf_clip(r, b);
+}
+
+static void rd_buf_fill(struct rd *r, struct rd_buf *b, struct op_job *job)
+{
 	while (b->len < b->want) {
 		if (r->sparse) {
 			size_t z = rd_hole(r, b);
@@ -548,6 +570,7 @@ static int read_open(struct op *op, struct shim_err *err)
 	if (!S_ISREG(st.st_mode) && !allow_special)
 		return op_fs_io_refuse_special(err, r->p.abs, st.st_mode, "read");
 	r->seekable = S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
+	r->sized = S_ISREG(st.st_mode) && st.st_size > 0;
 	r->on_loop = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISCHR(st.st_mode);
 	if (!r->seekable && offset > 0)
 		return err_set(err, ESPIPE, r->p.abs, "read at an offset (not a seekable file)");
