@@ -80,6 +80,19 @@ static inline void frame_put_u32(uint8_t *p, uint32_t v)
 	p[3] = (uint8_t)v;
 }
 
+/* A protobuf varint (the length before each delimited message in a listing's or a
+ * watch's DATA): at most 10 bytes at p; returns how many. */
+static inline size_t frame_put_varint(uint8_t *p, uint64_t v)
+{
+	size_t n = 0;
+	while (v >= 0x80) {
+		p[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	p[n++] = (uint8_t)v;
+	return n;
+}
+
 static inline uint32_t frame_get_u32(const uint8_t *p)
 {
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];

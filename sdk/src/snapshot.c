@@ -104,6 +104,17 @@ static int fill(struct sbx_snapshot_result *full, Shim__V1__SnapshotStep **steps
 	return 0;
 }
 
+/* full to the caller's out (by its struct_size), or released when out is NULL. */
+static void hand_out(struct sbx_snapshot_result *out, struct sbx_snapshot_result *full)
+{
+	if (out == NULL) {
+		result_release(full);
+		return;
+	}
+	sbx_snapshot_result_free(out);
+	sbx__struct_out_put(out, full, sizeof(*full));
+}
+
 SBX_API int sbx_snapshot_prepare(struct sbx_client *c, const struct sbx_call_opts *opts,
 				 const struct sbx_snapshot_opts *so, struct sbx_snapshot_result *out,
 				 struct sbx_error *err)
@@ -148,12 +159,7 @@ SBX_API int sbx_snapshot_prepare(struct sbx_client *c, const struct sbx_call_opt
 	shim__v1__result__free_unpacked(r, NULL);
 	if (rc < 0)
 		return -1;
-	if (out == NULL) {
-		result_release(&full);
-		return 0;
-	}
-	sbx_snapshot_result_free(out);
-	sbx__struct_out_put(out, &full, sizeof(full));
+	hand_out(out, &full);
 	return 0;
 }
 
@@ -208,11 +214,6 @@ SBX_API int sbx_resumed(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	shim__v1__result__free_unpacked(r, NULL);
 	if (rc < 0)
 		return -1;
-	if (out == NULL) {
-		result_release(&full);
-		return 0;
-	}
-	sbx_snapshot_result_free(out);
-	sbx__struct_out_put(out, &full, sizeof(full));
+	hand_out(out, &full);
 	return 0;
 }

@@ -1,6 +1,7 @@
 /* op_fs_list.c: streamed directory listings (delimited DirEntry messages in DATA frames). */
 #include "budget.h"
 #include "conn.h"
+#include "frame.h"
 #include "fs.h"
 #include "fs_walk.h"
 #include "op.h"
@@ -96,17 +97,6 @@ static int fail_at(struct lister *l, struct shim_err *err, int code, const char 
 {
 	char p[PATH_MAX + 256];
 	return err_set(err, code, abs_of(l, name, p, sizeof(p)), "%s", what);
-}
-
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-	size_t n = 0;
-	while (v >= 0x80) {
-		p[n++] = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	p[n++] = (uint8_t)v;
-	return n;
 }
 
 /* Make fd the deepest level; linked: entered through a symlink (its ".." is not
@@ -211,7 +201,7 @@ static int list_entry(struct lister *l, const char *name, struct shim_err *err)
 	de.stat = &fst;
 	size_t n = shim__v1__dir_entry__get_packed_size(&de);
 	/* the caller keeps out_len below LIST_BATCH; an entry is below LIST_ENTRY_MAX */
-	l->out_len += put_varint(l->out + l->out_len, n);
+	l->out_len += frame_put_varint(l->out + l->out_len, n);
 	l->out_len += shim__v1__dir_entry__pack(&de, l->out + l->out_len);
 	l->entries++;
 

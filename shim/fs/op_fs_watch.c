@@ -1,6 +1,7 @@
 /* op_fs_watch.c: inotify watches streamed as delimited WatchEvent messages. */
 #include "budget.h"
 #include "conn.h"
+#include "frame.h"
 #include "fs.h"
 #include "fs_walk.h"
 #include "log.h"
@@ -270,17 +271,6 @@ static void map_remove_tree(struct watcher *w, const char *dir, size_t dlen)
 
 /* ---- the event queue ---- */
 
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-	size_t n = 0;
-	while (v >= 0x80) {
-		p[n++] = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	p[n++] = (uint8_t)v;
-	return n;
-}
-
 static void q_drop_sent(struct watcher *w)
 {
 	uint64_t sent = w->qbase + w->qoff;
@@ -349,7 +339,7 @@ static bool q_add(struct watcher *w, Shim__V1__WatchEventType type, const char *
 	if (q_reserve(w, total) < 0)
 		return false;
 	uint8_t *p = w->q + w->qlen;
-	size_t h = put_varint(p, n);
+	size_t h = frame_put_varint(p, n);
 	shim__v1__watch_event__pack(&ev, p + h);
 	total = h + n;
 	/* the same MODIFY again while the previous one still waits: one is enough */
