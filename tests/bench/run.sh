@@ -9,6 +9,7 @@
 #   BENCH_FILES_MIB=N    size of bench_files' big read and write, in MiB (default 1024)
 #   BENCH_TUNNEL_MIB=N   bytes bench_tunnel moves per run and direction, in MiB (default 256)
 #   BENCH_TUNNEL_CONNS=N connections per bench_tunnel connection-rate run (default 2000)
+#   BENCHES="bench_ping bench_echo"  run only these (default: all, in the order below)
 #
 # Each benchmark prints one line per figure, with its same-run baseline and the ratio.
 set -euo pipefail
@@ -16,7 +17,21 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 ROOT=$(pwd)
 BUILD_DIR=${BUILD_DIR:-build}
-BENCHES=(bench_ping bench_startup bench_rss bench_echo bench_files bench_exec bench_backup bench_tunnel)
+ALL=(bench_ping bench_startup bench_rss bench_echo bench_files bench_exec bench_backup bench_tunnel)
+if [ -n "${BENCHES:-}" ]; then
+	read -r -a BENCHES <<<"$BENCHES"
+	for b in "${BENCHES[@]}"; do
+		case " ${ALL[*]} " in
+		*" $b "*) ;;
+		*)
+			echo "run.sh: unknown benchmark '$b' (known: ${ALL[*]})" >&2
+			exit 2
+			;;
+		esac
+	done
+else
+	BENCHES=("${ALL[@]}")
+fi
 
 cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build "$BUILD_DIR" -j2 --target "${BENCHES[@]}"
