@@ -1255,6 +1255,8 @@ static const struct sbx_snapshot_step *snap_step(const struct sbx_snapshot_resul
  * The clock goes through the shim's test seam, never to this machine's. */
 static int case_snapshot(void)
 {
+	/* each call has a deadline well inside ctest's, so a hang names its step */
+	static const struct sbx_call_opts timed = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = 60000};
 	s3_start();
 	CHECK(setenv("SANDBOX_SHIM_TEST_CLOCK_FILE", it_path("clock-seam"), 1) == 0);
 	struct sbx_client *c = start_shim();
@@ -1264,14 +1266,13 @@ static int case_snapshot(void)
 	struct sbx_mount_opts mo = opts_("S3RVER", "S3RVER");
 	struct sbx_mount_record r1 = SBX_MOUNT_RECORD_INIT, r2 = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
-	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", m1, &mo, &r1, &err), &err);
-	CHECK_SBX(sbx_mount(c, &no_timeout, "other", m2, &mo, &r2, &err), &err);
+	CHECK_SBX(sbx_mount(c, &timed, "bkt", m1, &mo, &r1, &err), &err);
+	CHECK_SBX(sbx_mount(c, &timed, "other", m2, &mo, &r2, &err), &err);
 	snprintf(f, sizeof(f), "%s/snap.txt", m1);
-	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, f, SBX_WRITE_NO_ATOMIC, 0644, "before the snapshot", 19, NULL,
-				     &err),
+	CHECK_SBX(sbx_write_file_buf(c, &timed, f, SBX_WRITE_NO_ATOMIC, 0644, "before the snapshot", 19, NULL, &err),
 		  &err);
 	struct sbx_snapshot_result r = SBX_SNAPSHOT_RESULT_INIT;
-	CHECK_SBX(sbx_snapshot_prepare(c, &no_timeout, NULL, &r, &err), &err);
+	CHECK_SBX(sbx_snapshot_prepare(c, &timed, NULL, &r, &err), &err);
 	const struct sbx_snapshot_step *s = snap_step(&r, "flush", NULL);
 	CHECK(s != NULL);
 	CHECKF(s->error == 0, "flush: %s: %s", sbx_errno_name(s->error), s->message);
@@ -1287,7 +1288,7 @@ static int case_snapshot(void)
 	for (;;) {
 		struct sbx_mount_record **v = NULL;
 		size_t n = 0;
-		CHECK_SBX(sbx_mounts_list(c, &no_timeout, &v, &n, &err), &err);
+		CHECK_SBX(sbx_mounts_list(c, &timed, &v, &n, &err), &err);
 		bool failed = false;
 		for (size_t i = 0; i < n; i++)
 			failed |= strcmp(v[i]->path, m2) == 0 && v[i]->state == SBX_MOUNT_FAILED;
@@ -1298,7 +1299,7 @@ static int case_snapshot(void)
 		it_sleep_ms(20);
 	}
 	struct sbx_resumed_opts ro = SBX_RESUMED_OPTS_INIT; /* the host's time: now */
-	CHECK_SBX(sbx_resumed(c, &no_timeout, &ro, &r, &err), &err);
+	CHECK_SBX(sbx_resumed(c, &timed, &ro, &r, &err), &err);
 	s = snap_step(&r, "mount", m1);
 	CHECKF(s != NULL && s->error == 0, "mount %s: %s", m1, s ? s->message : "no step");
 	s = snap_step(&r, "mount", m2);
@@ -1308,16 +1309,16 @@ static int case_snapshot(void)
 	/* a hung rclone (stopped): its check does not answer, resumed still does, in time */
 	CHECK(kill((pid_t)r1.rclone_pid, SIGSTOP) == 0);
 	uint64_t t0 = it_now_ms();
-	CHECK_SBX(sbx_resumed(c, &no_timeout, &ro, &r, &err), &err);
+	CHECK_SBX(sbx_resumed(c, &timed, &ro, &r, &err), &err);
 	CHECKF(it_now_ms() - t0 < 15000, "resumed took %llu ms", (unsigned long long)(it_now_ms() - t0));
 	s = snap_step(&r, "mount", m1);
 	CHECKF(s != NULL && s->error == ETIMEDOUT, "mount %s: %s", m1, s ? s->message : "no step");
 	sbx_snapshot_result_free(&r);
 	CHECK(kill((pid_t)r1.rclone_pid, SIGCONT) == 0);
 	struct sbx_mount_record un = SBX_MOUNT_RECORD_INIT;
-	CHECK_SBX(sbx_unmount(c, &no_timeout, m1, NULL, &un, &err), &err);
+	CHECK_SBX(sbx_unmount(c, &timed, m1, NULL, &un, &err), &err);
 	sbx_mount_record_free(&un);
-	CHECK_SBX(sbx_unmount(c, &no_timeout, m2, NULL, &un, &err), &err);
+	CHECK_SBX(sbx_unmount(c, &timed, m2, NULL, &un, &err), &err);
 	sbx_mount_record_free(&un);
 	sbx_mount_record_free(&r1);
 	sbx_mount_record_free(&r2);
