@@ -47,7 +47,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 # Compiler, cmake, and the -dev packages whose static archives (.a) go into the binaries.
 RUN apt-get update \
 	&& apt-get install -y --no-install-recommends \
-		gcc libc6-dev make cmake pkg-config binutils \
+		gcc libc6-dev make cmake pkg-config binutils lld \
 		libev-dev libprotobuf-c-dev protobuf-c-compiler \
 		libcap-dev libseccomp-dev libarchive-dev nettle-dev \
 		zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev \

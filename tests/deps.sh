@@ -18,6 +18,7 @@ PACKAGES=(
 	ca-certificates
 	clang        # libFuzzer harness (SHIM_FUZZ)
 	clang-format # style check in tests/run-tests.sh
+	lld          # links the static daemon with its startup functions together (shim/core/startup.order)
 	file         # tells a static binary from a dynamic one (and cpack's DEB generator needs it)
 	groff-base   # groff -man: the man pages render without warnings (test cli_doc.man)
 	# libraries (headers and static archives)

@@ -1,4 +1,4 @@
-/* archive_static.c: in the fully static daemon, keeps libarchive's other archive writers (and libxml2) out. */
+/* archive_static.c: with libarchive linked from libarchive.a, keeps its other archive writers (and libxml2) out. */
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
