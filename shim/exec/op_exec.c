@@ -170,10 +170,22 @@ static size_t exec_room(struct proc *p, void *owner)
 	return n;
 }
 
+/* len is within exec_room(). Stdout goes straight from proc.c's read buffer to the
+ * client when nothing is queued on the connection (stream_send_direct: no copy into
+ * the connection's output); what the socket does not take, and stderr (its frames
+ * carry a flag), is queued behind, in order. */
 static void exec_output(struct proc *p, void *owner, int chan, const uint8_t *buf, size_t len)
 {
 	(void)p;
 	struct op *op = owner;
+	if (chan == 0) {
+		bool busy;
+		size_t n = stream_send_direct(op->st, buf, len, &busy);
+		buf += n;
+		len -= n;
+		if (len == 0)
+			return;
+	}
 	stream_send_flagged(op->st, buf, len, chan == 1 ? FRAME_FLAG_STDERR : 0);
 }
 

@@ -786,21 +786,14 @@ static void start_io(struct proc *p)
 	}
 }
 
-static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
+/* The exec's result: f is the child's failure record, NULL when execve() succeeded. */
+static void exec_result(struct proc *p, const struct spawn_failure *f)
 {
-	(void)revents;
-	struct proc *p = container_of(w, struct proc, errio);
-	struct spawn_failure f;
-	ssize_t n = read(p->errfd, &f, sizeof(f));
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return;
-	ev_io_stop(loop, w);
-	close(p->errfd);
-	p->errfd = -1;
+	struct ev_loop *loop = loop_();
 	proc_ref(p);
-	if (n == (ssize_t)sizeof(f)) {
+	if (f != NULL) {
 		struct shim_err e;
-		spawn_failure_err(&f, p->exec_path, p->cwd, &e);
+		spawn_failure_err(f, p->exec_path, p->cwd, &e);
 		log_debug("process %s: could not start: %s: %s", p->id, e.msg, strerror(e.code));
 		set_state(p, PROC_FAILED);
 		if (p->owner != NULL)
@@ -811,7 +804,6 @@ static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
 		stdin_close(p);
 		proc_unlist(p);
 	} else {
-		/* EOF: execve() closed the pipe (CLOEXEC): it runs */
 		set_state(p, PROC_RUNNING);
 		if (p->owner != NULL)
 			p->owner_ops->started(p, p->owner);
@@ -826,6 +818,21 @@ static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
 	}
 	release_pid(p);
 	proc_unref(p);
+}
+
+static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	struct proc *p = container_of(w, struct proc, errio);
+	struct spawn_failure f;
+	ssize_t n = read(p->errfd, &f, sizeof(f));
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	ev_io_stop(loop, w);
+	close(p->errfd);
+	p->errfd = -1;
+	/* EOF: execve() closed the pipe (CLOEXEC): it runs */
+	exec_result(p, n == (ssize_t)sizeof(f) ? &f : NULL);
 }
 
 void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl)
@@ -876,12 +883,13 @@ void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl)
 		}
 		p->argv_len = off;
 	}
+	/* After a vfork the child has exec'd or failed already, and said which in pl */
+	if (p->errfd < 0) {
+		exec_result(p, pl->vfailed ? &pl->vfail : NULL);
+		return;
+	}
 	ev_io_set(&p->errio, p->errfd, EV_READ);
 	ev_io_start(loop_(), &p->errio);
-	/* After a vfork the child has exec'd or failed already: the answer is usually
-	 * there now (or as soon as execve() closes the CLOEXEC fds). */
-	if (pl->vfork)
-		errpipe_cb(loop_(), &p->errio, EV_READ);
 }
 
 void proc_set_owner(struct proc *p, const struct proc_owner_ops *ops, void *owner)

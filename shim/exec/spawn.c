@@ -5,6 +5,9 @@
  * the cwd fd, the pipes, the policy with its compiled BPF) exists before fork();
  * a failure in the child is reported as {stage, errno} through a CLOEXEC pipe,
  * then _exit(127). The parent learns "exec succeeded" from that pipe's EOF.
+ * A vfork child (below) writes the record into the plan instead, in the memory
+ * it shares with us: clone() returns only once it has exec'd or exited, so the
+ * answer is there when it does, without a pipe or a wait for its EOF.
  *
  * fork or vfork. fork() copies the shim's page tables and makes every page
  * copy-on-write for both sides until the child execs: measured here, it made the
@@ -28,9 +31,14 @@
  *  - on an overloaded machine the child may wait for a CPU before it gets to
  *    execve(), and the loop waits with it (measured: 5-25 ms at a load of 4 per
  *    core, where a burst of execs in one loop iteration then added up past 100
- *    ms). A vfork that took longer than VFORK_SLOW_NS switches to fork() for
- *    VFORK_BACKOFF_NS: fork() costs the loop a fixed ~0.2 ms, never a wait on
- *    the child. */
+ *    ms). When vfork gets slow, fork() takes over for VFORK_BACKOFF_NS: fork()
+ *    costs the loop a fixed ~0.2 ms, never a wait on the child. "Slow" is a
+ *    moving average (1/8 per spawn) above VFORK_SLOW_NS, not one slow spawn: on
+ *    a machine with a load of about 1 per core, one vfork in a few hundred takes
+ *    over 2 ms, and switching on each of those kept fork() on most of the time
+ *    (measured: the /bin/true round trip 1.8-2.0x a bare posix_spawn+waitpid
+ *    instead of 1.35-1.45x). A single vfork of 8 x VFORK_SLOW_NS still switches
+ *    at once, a run of 5 ms ones after two or three. */
 #include "spawn.h"
 #include "fs.h"
 #include "log.h"
@@ -442,10 +450,23 @@ static int path_search(struct spawn_plan *pl, struct shim_err *err)
 	return err_set(err, ENOENT, name, "not found in PATH");
 }
 
+/* For an fd just made here (a pipe end, the pty master): none of F_SETFL's other
+ * flags (O_APPEND, O_ASYNC, O_DIRECT, O_NOATIME) is set, so no F_GETFL first. */
 static int nonblock(int fd)
 {
-	int fl = fcntl(fd, F_GETFL);
-	return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	return fcntl(fd, F_SETFL, O_NONBLOCK);
+}
+
+static int make_errpipe(struct spawn_plan *pl, struct shim_err *err)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return err_set(err, errno, NULL, "pipe2");
+	pl->errp_r = p[0];
+	pl->errp_w = p[1];
+	if (nonblock(pl->errp_r) < 0)
+		return err_set(err, errno, NULL, "fcntl(O_NONBLOCK)");
+	return 0;
 }
 
 /* pipe2 with O_CLOEXEC; our end (ours: 0 read, 1 write) made non-blocking. The
@@ -561,14 +582,10 @@ int spawn_prepare(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struc
 	if (path_search(pl, err) < 0)
 		return -1;
 	pl->vfork = vfork_safe(req, pl);
-
-	int p[2];
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return err_set(err, errno, NULL, "pipe2");
-	pl->errp_r = p[0];
-	pl->errp_w = p[1];
-	if (nonblock(pl->errp_r) < 0)
-		return err_set(err, errno, NULL, "fcntl(O_NONBLOCK)");
+	/* a vfork child reports a failure in our memory: no error pipe (spawn_fork
+	 * makes one if it forks after all) */
+	if (!pl->vfork && make_errpipe(pl, err) < 0)
+		return -1;
 
 	if (req->pty)
 		return make_pty(req, pl, err);
@@ -603,22 +620,30 @@ CHILD_CODE static void copy_stage(char *dst, size_t size, const char *src)
 	dst[i] = '\0';
 }
 
-CHILD_CODE __attribute__((noreturn)) static void child_fail(int fd, int e, int what, const char *stage)
+/* fd -1 (a vfork child): into pl, which the parent reads once clone() returns */
+CHILD_CODE __attribute__((noreturn)) static void child_fail(struct spawn_plan *pl, int fd, int e, int what,
+							    const char *stage)
 {
-	struct spawn_failure f;
-	memset(&f, 0, sizeof(f));
-	f.err = e;
-	f.what = what;
-	copy_stage(f.stage, sizeof(f.stage), stage);
+	struct spawn_failure *f = &pl->vfail, own;
+	if (fd >= 0)
+		f = &own;
+	memset(f, 0, sizeof(*f));
+	f->err = e;
+	f->what = what;
+	copy_stage(f->stage, sizeof(f->stage), stage);
+	if (fd < 0) {
+		pl->vfailed = true;
+		_exit(127);
+	}
 	/* fewer than PIPE_BUF bytes: written whole or not at all */
 	ssize_t w;
 	do {
-		w = write(fd, &f, sizeof(f));
+		w = write(fd, f, sizeof(*f));
 	} while (w < 0 && errno == EINTR);
 	_exit(127);
 }
 
-CHILD_CODE __attribute__((noreturn)) static void child_main(const struct spawn_plan *pl)
+CHILD_CODE __attribute__((noreturn)) static void child_main(struct spawn_plan *pl)
 {
 	int efd = pl->errp_w;
 	/* Dispositions back to default (an ignored SIGPIPE would survive exec and
@@ -636,25 +661,25 @@ CHILD_CODE __attribute__((noreturn)) static void child_main(const struct spawn_p
 
 	/* its own session and process group: timeout, cancel and kill reach the group */
 	if (setsid() < 0)
-		child_fail(efd, errno, SPAWN_WHAT_NONE, "setsid");
+		child_fail(pl, efd, errno, SPAWN_WHAT_NONE, "setsid");
 	if (pl->pty && ioctl(pl->child_fd[0], TIOCSCTTY, 0) < 0)
-		child_fail(efd, errno, SPAWN_WHAT_NONE, "ioctl(TIOCSCTTY)");
+		child_fail(pl, efd, errno, SPAWN_WHAT_NONE, "ioctl(TIOCSCTTY)");
 
 	/* Any fd we are about to place could itself be 0, 1 or 2 (the shim may run
 	 * with those closed): lift them all above 2 first, then dup2 into place. */
 	int src[3];
-	if (efd < 3 && (efd = fcntl(efd, F_DUPFD_CLOEXEC, 3)) < 0)
+	if (efd >= 0 && efd < 3 && (efd = fcntl(efd, F_DUPFD_CLOEXEC, 3)) < 0)
 		_exit(127);
 	for (int i = 0; i < 3; i++) {
 		src[i] = pl->child_fd[i];
 		if (src[i] < 3 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0)
-			child_fail(efd, errno, SPAWN_WHAT_NONE, "fcntl(F_DUPFD)");
+			child_fail(pl, efd, errno, SPAWN_WHAT_NONE, "fcntl(F_DUPFD)");
 	}
 	for (int i = 0; i < 3; i++)
 		if (dup2(src[i], i) < 0) /* the new fd has no CLOEXEC */
-			child_fail(efd, errno, SPAWN_WHAT_NONE, "dup2");
+			child_fail(pl, efd, errno, SPAWN_WHAT_NONE, "dup2");
 	if (fchdir(pl->cwd_fd) < 0)
-		child_fail(efd, errno, SPAWN_WHAT_CWD, "chdir");
+		child_fail(pl, efd, errno, SPAWN_WHAT_CWD, "chdir");
 	/* the soft RLIMIT_NOFILE the shim started with, not the one it raised for itself
 	 * (a request's rlimits come after and win) */
 	if (spawn_start_limits.have_nofile)
@@ -664,12 +689,12 @@ CHILD_CODE __attribute__((noreturn)) static void child_main(const struct spawn_p
 		setrlimit(RLIMIT_CORE, &spawn_start_limits.core);
 	const char *stage = NULL;
 	if (policy_apply_child(pl->pol, &stage) < 0)
-		child_fail(efd, errno, SPAWN_WHAT_NONE, stage ? stage : "policy");
+		child_fail(pl, efd, errno, SPAWN_WHAT_NONE, stage ? stage : "policy");
 	/* Whatever another thread opened without O_CLOEXEC must not leak into the
 	 * command (5.11+; older kernels: every fd of ours is CLOEXEC anyway). */
 	syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
 	execve(pl->path, pl->argv, pl->envp);
-	child_fail(efd, errno, SPAWN_WHAT_PROGRAM, "execve");
+	child_fail(pl, efd, errno, SPAWN_WHAT_PROGRAM, "execve");
 }
 
 CHILD_CODE static int child_entry(void *arg)
@@ -708,10 +733,13 @@ static pid_t clone_vfork(struct spawn_plan *pl)
 #define VFORK_SLOW_NS 2000000u         /* 2 ms */
 #define VFORK_BACKOFF_NS 1000000000ull /* 1 s */
 static uint64_t vfork_off_until;
+static uint64_t vfork_avg_ns; /* moving average of the vfork times, 1/8 per spawn */
 
 pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err)
 {
 	bool use_vfork = pl->vfork && mono_ns() >= vfork_off_until;
+	if (!use_vfork && pl->errp_w < 0 && make_errpipe(pl, err) < 0)
+		return -1;
 	/* Block every signal around fork: the child must not run the shim's handlers
 	 * (libev's would write to the loop's wakeup fd, and in a CLONE_VM child mark
 	 * the signal pending in our memory) before it resets them. */
@@ -723,9 +751,12 @@ pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err)
 		uint64_t t0 = mono_ns();
 		pid = clone_vfork(pl);
 		uint64_t t1 = mono_ns();
-		if (t1 - t0 > VFORK_SLOW_NS) {
+		vfork_avg_ns = vfork_avg_ns - vfork_avg_ns / 8 + (t1 - t0) / 8;
+		if (vfork_avg_ns > VFORK_SLOW_NS) {
 			vfork_off_until = t1 + VFORK_BACKOFF_NS;
-			log_debug("vfork took %llu us: fork() for a while", (unsigned long long)(t1 - t0) / 1000);
+			log_debug("vfork took %llu us (%llu us on average): fork() for a while",
+				  (unsigned long long)(t1 - t0) / 1000, (unsigned long long)vfork_avg_ns / 1000);
+			vfork_avg_ns = 0; /* a fresh start when vfork is tried again */
 		}
 	} else {
 		pid = fork();

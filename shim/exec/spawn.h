@@ -15,6 +15,14 @@ struct policy;
 /* Limits on what a request may ask for (checked before anything is built). */
 #define SPAWN_MAX_ENV 4096 /* "K=V" entries added by a request */
 
+/* What a child that failed before or in execve() reports. */
+struct spawn_failure {
+	int32_t err;
+	int32_t what; /* SPAWN_WHAT_*: which path the error is about */
+	char stage[48];
+};
+enum { SPAWN_WHAT_NONE = 0, SPAWN_WHAT_CWD = 1, SPAWN_WHAT_PROGRAM = 2 };
+
 /* What the child needs, all built before fork: the child allocates nothing. */
 struct spawn_plan {
 	char *path;  /* what execve() gets: argv[0], or what the PATH search found */
@@ -35,17 +43,14 @@ struct spawn_plan {
 	 * (pty: out is the master and err is -1) */
 	int in_fd, out_fd, err_fd;
 	/* exec error pipe: the child writes a struct spawn_failure on failure; on
-	 * success execve() closes the write end and the reader gets EOF */
+	 * success execve() closes the write end and the reader gets EOF. Only for a
+	 * fork() (-1 for a vfork: see vfail) */
 	int errp_r, errp_w;
+	/* A vfork child shares our memory, and clone() returns only once it has
+	 * exec'd or exited: it writes its failure here (vfailed true) instead. */
+	struct spawn_failure vfail;
+	bool vfailed;
 };
-
-/* What a child that failed before or in execve() reports. */
-struct spawn_failure {
-	int32_t err;
-	int32_t what; /* SPAWN_WHAT_*: which path the error is about */
-	char stage[48];
-};
-enum { SPAWN_WHAT_NONE = 0, SPAWN_WHAT_CWD = 1, SPAWN_WHAT_PROGRAM = 2 };
 
 /* What the shim started with, before it changed anything of its own: commands get
  * these back (an ExecRequest's rlimits still apply after). Filled by spawn_startup();
@@ -76,7 +81,9 @@ void spawn_plan_init(struct spawn_plan *pl);
 int spawn_prepare(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err);
 /* On the loop thread: fork (or clone with CLONE_VM|CLONE_VFORK when pl->vfork);
  * the child sets itself up and execs. Returns the pid; the child's ends of the
- * pipes are closed here (ours stay in pl). -1 with err. */
+ * pipes are closed here (ours stay in pl). -1 with err. After a vfork (pl->vfork
+ * still true) the exec's result is known on return: pl->vfailed and pl->vfail;
+ * after a fork it comes through pl->errp_r. */
 pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err);
 /* Turn a failure record into err: "ENOENT: /no/such (execve)". */
 void spawn_failure_err(const struct spawn_failure *f, const char *path, const char *cwd, struct shim_err *err);

@@ -338,6 +338,74 @@ static int case_env_cwd(void)
 	return 0;
 }
 
+/* Failures in the child itself, after a vfork (a local ELF program, no user): the
+ * child reports them in the memory it shares with the daemon, not through a pipe
+ * (a fork after all, on a slow machine, reports the same through the pipe). */
+static int case_child_errors(void)
+{
+	struct sbx_client *c = start();
+	struct sbx_output out;
+	struct sbx_exit ex = SBX_EXIT_INIT;
+	struct sbx_error err;
+	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+
+	/* "\177ELF" and then nothing an ELF loader takes: execve() says ENOEXEC */
+	static const char junk[] = "\177ELF\1\1\1\0 not an ELF file at all";
+	write_bytes(it_path("junk-elf"), junk, sizeof(junk) - 1, 0755);
+	const char *a1[] = {it_path("junk-elf"), NULL};
+	eo.argv = a1;
+	memset(&out, 0, sizeof(out));
+	CHECK(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOEXEC);
+	CHECK(strcmp(err.path, it_path("junk-elf")) == 0);
+	CHECK_CONTAINS(err.message, "execve");
+
+	/* a hard RLIMIT_NOFILE above fs.nr_open: setrlimit() fails in the child, even as root */
+	unsigned long long nr_open = 1ull << 30;
+	FILE *f = fopen("/proc/sys/fs/nr_open", "r");
+	if (f != NULL) {
+		if (fscanf(f, "%llu", &nr_open) != 1)
+			nr_open = 1ull << 30;
+		fclose(f);
+	}
+	struct sbx_rlimit rl = {.name = "nofile", .soft = nr_open + 1, .hard = nr_open + 1};
+	const char *a2[] = {"/bin/true", NULL};
+	eo.argv = a2;
+	eo.rlimits = &rl;
+	eo.n_rlimits = 1;
+	CHECK(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EPERM);
+	CHECK_CONTAINS(err.message, "setrlimit(nofile)");
+
+	/* the same for a detached process: the spawn fails, no process is left */
+	struct sbx_process_info pi = SBX_PROCESS_INFO_INIT;
+	CHECK(sbx_spawn(c, NULL, &eo, &pi, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EPERM);
+	eo.rlimits = NULL;
+	eo.n_rlimits = 0;
+	eo.argv = a1;
+	CHECK(sbx_spawn(c, NULL, &eo, &pi, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOEXEC);
+
+	/* and a good one right after, through the same path */
+	eo.argv = a2;
+	memset(&out, 0, sizeof(out));
+	run(c, &eo, NULL, 0, 0, &out, &ex);
+	CHECK(ex.exit_code == 0);
+	sbx_output_free(&out);
+	struct sbx_info in = SBX_INFO_INIT;
+	uint64_t t0 = it_now_ms();
+	for (;;) {
+		CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
+		if (in.processes == 0)
+			break;
+		CHECKF(it_now_ms() - t0 < 3000, "%u processes left", in.processes);
+		it_sleep_ms(5);
+	}
+	sbx_client_close(c);
+	return 0;
+}
+
 static int case_spawn_errors(void)
 {
 	struct sbx_client *c = start();
@@ -839,6 +907,67 @@ static int case_signal_by_id(void)
 
 /* A client that reads nothing for a while: the command blocks on its pipe, the
  * daemon's memory stays bounded, and every byte arrives. */
+/* Stdout goes straight from the pipe to the socket when nothing is queued, stderr
+ * is queued: both interleaved, with the client late to read (the socket full, frames
+ * taken in part), each channel's bytes exact and in order; then a stream cancelled
+ * while its output flows leaves the connection working. */
+static int case_stdout_direct(void)
+{
+	struct sbx_client *c = start();
+	size_t blk = 300000; /* not a multiple of a frame or a pipe */
+	uint8_t *d1 = malloc(blk), *d2 = malloc(blk / 3);
+	CHECK(d1 != NULL && d2 != NULL);
+	it_fill(d1, blk, 11);
+	it_fill(d2, blk / 3, 12);
+	write_bytes(it_path("d1"), d1, blk, 0644);
+	write_bytes(it_path("d2"), d2, blk / 3, 0644);
+	char cmd[9000];
+	snprintf(cmd, sizeof(cmd), "for i in $(seq 24); do cat '%s'; cat '%s' >&2; done", it_path("d1"), it_path("d2"));
+	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+	eo.shell = cmd;
+	struct sbx_proc *p;
+	struct sbx_error err;
+	CHECK_SBX(sbx_exec_start(c, NULL, &eo, 0, &p, &err), &err);
+	it_sleep_ms(300); /* late on purpose: the output piles up in the socket */
+	static char buf[100000];
+	size_t got[3] = {0, 0, 0};
+	for (;;) {
+		int ch = 0;
+		long n = sbx_proc_read(p, &ch, buf, sizeof(buf), &err);
+		CHECKF(n >= 0, "read: %s", it_errstr(&err));
+		if (n == 0)
+			break;
+		CHECK(ch == SBX_STDOUT || ch == SBX_STDERR);
+		const uint8_t *want = ch == SBX_STDOUT ? d1 : d2;
+		size_t len = ch == SBX_STDOUT ? blk : blk / 3;
+		for (long off = 0; off < n; off++, got[ch]++)
+			CHECKF((uint8_t)buf[off] == want[got[ch] % len], "channel %d: byte %zu differs", ch, got[ch]);
+	}
+	struct sbx_exit ex = SBX_EXIT_INIT;
+	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
+	CHECK_EQ(ex.exit_code, 0);
+	CHECK_EQ(got[SBX_STDOUT], 24 * blk);
+	CHECK_EQ(got[SBX_STDERR], 24 * (blk / 3));
+	sbx_proc_free(p);
+
+	/* cancelled in the middle of its output */
+	eo.shell = "while :; do cat /dev/zero; done";
+	CHECK_SBX(sbx_exec_start(c, NULL, &eo, 0, &p, &err), &err);
+	int ch = 0;
+	long n = sbx_proc_read(p, &ch, buf, sizeof(buf), &err);
+	CHECKF(n > 0, "read: %s", it_errstr(&err));
+	it_sleep_ms(50);
+	sbx_proc_free(p); /* CANCEL */
+	struct sbx_output out;
+	run_sh(c, "echo ok", &out, &ex);
+	check_bytes("after the cancel", out.out, out.out_len, "ok\n", 3);
+	sbx_output_free(&out);
+	free(d1);
+	free(d2);
+	sbx_client_close(c);
+	return 0;
+}
+
 static int case_backpressure(void)
 {
 	struct sbx_client *c = start();
@@ -1521,12 +1650,14 @@ static const struct it_case cases[] = {
 	{"core", case_core},
 	{"env_cwd", case_env_cwd},
 	{"spawn_errors", case_spawn_errors},
+	{"child_errors", case_child_errors},
 	{"stdin_binary", case_stdin_binary},
 	{"timeout", case_timeout},
 	{"timeout_group", case_timeout_group},
 	{"cancel_group", case_cancel_group},
 	{"signal_by_id", case_signal_by_id},
 	{"backpressure", case_backpressure},
+	{"stdout_direct", case_stdout_direct},
 	{"output_cap", case_output_cap},
 	{"pty", case_pty},
 	{"detached", case_detached},
