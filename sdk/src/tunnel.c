@@ -5,7 +5,10 @@
  * thread that does read wakes it through its eventfd when frames for it were routed.
  * Per connection: DATA from the shim is written to the local socket and its credit
  * handed back only once written; the local socket is read only while the shim has
- * granted credit. So a slow reader at either end stalls only its own connection. */
+ * granted credit. So a slow reader at either end stalls only its own connection.
+ * Bulk local reads go to the shim by splice (socket -> pipe -> connection, no copy in
+ * user space); DATA from the shim goes out several frames per sendmsg. Bytes the local
+ * peer sends with its connect go at once, before the shim's "connected". */
 #include "internal.h"
 #include "netaddr.h"
 #include "shim.pb-c.h"
@@ -28,6 +31,14 @@
 #define TUN_ACCEPT_ROUNDS 16 /* accepts per round */
 #define TUN_READ_MAX FRAME_DATA_CHUNK
 #define TUN_EXTRA_WINDOW (256u << 10) /* extra credit the shim gets on a connection */
+#define TUN_WRITE_ITEMS 16            /* DATA frames written to a local socket in one sendmsg */
+#define TUN_GRANT_MIN (64u << 10)     /* credit goes back in WINDOWs of this much at least */
+#define TUN_PIPE_SIZE (256u << 10)    /* the splice pipe: the most one spliced DATA frame carries */
+/* A read of TUN_BULK_MIN makes a connection "bulk" (spliced), a splice below
+ * TUN_BULK_END ends it: a splice costs a syscall more than a copy, which only pays off
+ * for big reads. */
+#define TUN_BULK_MIN (32u << 10)
+#define TUN_BULK_END (4u << 10)
 
 enum tc_state {
 	TC_LOCAL_CONNECTING, /* reverse: connecting to the host address */
@@ -43,12 +54,15 @@ struct tc {
 	struct call *k;
 	enum tc_state state;
 	uint64_t connect_deadline;
-	bool local_eof;     /* read EOF locally; FIN sent */
-	bool shut_wr;       /* the shim's FIN passed on with shutdown(SHUT_WR) */
-	bool gone;          /* to be freed */
-	struct rx_item *wr; /* DATA being written to the local socket */
-	size_t wr_off;
-	uint32_t grant; /* bytes written, credit not yet handed back */
+	bool local_eof;                      /* read EOF locally; FIN sent */
+	bool shut_wr;                        /* the shim's FIN passed on with shutdown(SHUT_WR) */
+	bool gone;                           /* to be freed */
+	struct rx_item *wr[TUN_WRITE_ITEMS]; /* DATA being written to the local socket */
+	unsigned nwr;
+	size_t wr_off;   /* of wr[0] */
+	uint32_t grant;  /* bytes written, credit not yet handed back */
+	bool extra_sent; /* TUN_EXTRA_WINDOW granted (with the first grant) */
+	bool bulk;       /* local reads come big: splice them (small ones are cheaper copied) */
 	uint64_t bytes_in, bytes_out;
 	char from[80], to[80];
 	int pidx; /* index in the poll array, -1 if not polled */
@@ -84,6 +98,11 @@ struct sbx_tunnel {
 	uint8_t *buf;
 	struct pollfd *pfd;
 	unsigned pfd_cap;
+	/* local socket -> shim without copies: splice(socket -> pipe), the header, then
+	 * splice(pipe -> connection); made at the first use, -1 until then */
+	int pipefd[2];
+	size_t pipe_size;
+	bool no_splice; /* this kernel or these fds cannot: copy */
 };
 
 static uint64_t ms_from_now(int ms)
@@ -162,8 +181,9 @@ static void tc_end(struct sbx_tunnel *t, struct tc *tc, int type, const struct s
 			close(tc->fd);
 		tc->fd = -1;
 	}
-	sbx__rx_free(tc->wr);
-	tc->wr = NULL;
+	for (unsigned i = 0; i < tc->nwr; i++)
+		sbx__rx_free(tc->wr[i]);
+	tc->nwr = 0;
 	if (tc->k != NULL) {
 		sbx__call_free(tc->k);
 		tc->k = NULL;
@@ -201,6 +221,14 @@ static struct tc *tc_add(struct sbx_tunnel *t, int fd)
 	return tc;
 }
 
+/* A connection lost while reading its local socket: closed if it was open, else failed. */
+static void tc_lost(struct sbx_tunnel *t, struct tc *tc, const struct sbx_error *e)
+{
+	tc_end(t, tc, tc->state == TC_RELAY ? SBX_TUNNEL_CLOSE : SBX_TUNNEL_FAIL, e);
+}
+
+static void tc_read_local(struct sbx_tunnel *t, struct tc *tc);
+
 /* ---- forward: accept here, connect inside ---- */
 
 static void forward_accept(struct sbx_tunnel *t)
@@ -235,8 +263,13 @@ static void forward_accept(struct sbx_tunnel *t)
 		req.kind_case = SHIM__V1__REQUEST__KIND_TUNNEL_CONNECT;
 		req.tunnel_connect = &cr;
 		struct sbx_error e;
-		if (start_request(t, tc, &req, &e) < 0)
+		if (start_request(t, tc, &req, &e) < 0) {
 			tc_end(t, tc, SBX_TUNNEL_FAIL, &e);
+			continue;
+		}
+		/* what the client sent with its connect goes at once, within the stream's
+		 * first credit: the shim holds it until its connect completes (PROTOCOL.md 12.5) */
+		tc_read_local(t, tc);
 	}
 }
 
@@ -343,12 +376,187 @@ static bool has_credit(struct sbx_client *c, struct call *k)
 	return yes;
 }
 
+/* Wait until fd takes more (POLLOUT) or the deadline passes: 0, or -1 (ETIMEDOUT in errno). */
+static int wait_out(int fd, uint64_t deadline)
+{
+	int ms = sbx__poll_ms(deadline);
+	if (ms == 0) {
+		errno = ETIMEDOUT;
+		return -1;
+	}
+	struct pollfd pf = {.fd = fd, .events = POLLOUT};
+	poll(&pf, 1, ms); /* ready, timed out or EINTR: look again */
+	return 0;
+}
+
+/* Throw away what a failed frame left in the pipe. */
+static void pipe_drain(struct sbx_tunnel *t)
+{
+	while (read(t->pipefd[0], t->buf, TUN_READ_MAX) > 0)
+		;
+}
+
+static int splice_setup(struct sbx_tunnel *t)
+{
+	if (t->pipefd[0] >= 0)
+		return 0;
+	if (pipe2(t->pipefd, O_CLOEXEC | O_NONBLOCK) < 0) {
+		t->no_splice = true;
+		return -1;
+	}
+	int sz = fcntl(t->pipefd[1], F_SETPIPE_SZ, (int)TUN_PIPE_SIZE);
+	if (sz < 0)
+		sz = fcntl(t->pipefd[1], F_GETPIPE_SZ);
+	t->pipe_size = sz > 0 ? (size_t)sz : 4096;
+	return 0;
+}
+
+/* The n bytes in the pipe as one DATA frame of stream id: the header, then the payload
+ * spliced into the connection, under the write lock. A frame once begun is finished or
+ * the connection is broken (killed). 0, or -1 with err. */
+static int send_spliced(struct sbx_tunnel *t, uint32_t id, size_t n, struct sbx_error *err)
+{
+	struct sbx_client *c = t->c;
+	uint8_t hdr[FRAME_HDR_LEN];
+	struct frame_hdr h = {.len = (uint32_t)n, .stream = id, .type = FRAME_DATA};
+	frame_put_hdr(hdr, &h);
+	uint64_t deadline = ms_from_now(TUN_SEND_MS);
+	size_t hoff = 0, left = n;
+	int en = 0;
+	pthread_mutex_lock(&c->wmu);
+	while (hoff < sizeof(hdr)) {
+		ssize_t w = write(c->fd, hdr + hoff, sizeof(hdr) - hoff);
+		if (w >= 0) {
+			hoff += (size_t)w;
+			continue;
+		}
+		if (errno == EINTR || (errno == EAGAIN && wait_out(c->fd, deadline) == 0))
+			continue;
+		en = errno;
+		goto fail;
+	}
+	while (left > 0) {
+		ssize_t w;
+		if (!t->no_splice) {
+			w = splice(t->pipefd[0], NULL, c->fd, NULL, left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+			if (w < 0 && errno == EINVAL) {
+				/* this connection's fd takes no splice: the rest by copy */
+				t->no_splice = true;
+				continue;
+			}
+		} else {
+			ssize_t r = read(t->pipefd[0], t->buf, left < TUN_READ_MAX ? left : TUN_READ_MAX);
+			if (r <= 0) {
+				en = r < 0 ? errno : EIO;
+				goto fail;
+			}
+			size_t off = 0;
+			while (off < (size_t)r) {
+				w = write(c->fd, t->buf + off, (size_t)r - off);
+				if (w >= 0)
+					off += (size_t)w;
+				else if (errno != EINTR && !(errno == EAGAIN && wait_out(c->fd, deadline) == 0))
+					break;
+			}
+			if (off < (size_t)r) {
+				en = errno;
+				goto fail;
+			}
+			w = r;
+		}
+		if (w > 0) {
+			left -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && (errno == EINTR || (errno == EAGAIN && wait_out(c->fd, deadline) == 0)))
+			continue;
+		en = w < 0 ? errno : EIO;
+		goto fail;
+	}
+	pthread_mutex_unlock(&c->wmu);
+	return 0;
+fail:
+	pthread_mutex_unlock(&c->wmu);
+	pipe_drain(t);
+	if (hoff == 0 && en == ETIMEDOUT)
+		return sbx__fail(err, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+	/* half a frame on the wire: the connection is broken for every call */
+	struct sbx_error e;
+	if (en == ETIMEDOUT)
+		sbx__fail(&e, SBX_ERR_CONNECT, ETIMEDOUT, NULL, "the shim stopped reading in the middle of a frame");
+	else
+		sbx__fail(&e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
+			  strerror(en));
+	pthread_mutex_lock(&c->mu);
+	sbx__client_kill(c, &e);
+	pthread_mutex_unlock(&c->mu);
+	sbx__copy_error(err, &e);
+	return -1;
+}
+
+/* Local socket -> shim by splice, within credit: 1 done, may be more (or the connection
+ * ended), 0 nothing more to read now, -1 splice cannot be used here (copy instead). */
+static int tc_splice_local(struct sbx_tunnel *t, struct tc *tc)
+{
+	struct sbx_client *c = t->c;
+	size_t chunk = c->max_frame < t->pipe_size ? c->max_frame : t->pipe_size;
+	int64_t credit = take_credit(c, tc->k, chunk);
+	if (credit <= 0)
+		return 0;
+	ssize_t n;
+	do
+		n = splice(tc->fd, NULL, t->pipefd[1], NULL, (size_t)credit, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+	while (n < 0 && errno == EINTR);
+	if (n == 0) {
+		/* EOF: FIN */
+		give_back_credit(c, tc->k, credit);
+		struct sbx_error e;
+		if (sbx__send(c, tc->k->id, FRAME_DATA, FRAME_FLAG_FIN, NULL, 0, ms_from_now(TUN_SEND_MS), &e) < 0)
+			tc_lost(t, tc, &e);
+		else
+			tc->local_eof = true;
+		return 1;
+	}
+	if (n < 0) {
+		give_back_credit(c, tc->k, credit);
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		if (errno == EINVAL || errno == ENOSYS) {
+			t->no_splice = true;
+			return -1;
+		}
+		struct sbx_error e;
+		sbx__fail(&e, SBX_ERR_LOCAL, errno, tc->from, "recv");
+		tc_lost(t, tc, &e);
+		return 1;
+	}
+	if (n < credit)
+		give_back_credit(c, tc->k, credit - n);
+	struct sbx_error e;
+	if (send_spliced(t, tc->k->id, (size_t)n, &e) < 0) {
+		tc_lost(t, tc, &e);
+		return 1;
+	}
+	tc->bytes_in += (uint64_t)n;
+	if ((size_t)n < TUN_BULK_END)
+		tc->bulk = false;
+	/* less than asked: the socket is empty now (poll says when it is not) */
+	return n < credit ? 0 : 1;
+}
+
 /* Local socket -> shim, within credit. */
 static void tc_read_local(struct sbx_tunnel *t, struct tc *tc)
 {
 	struct sbx_client *c = t->c;
 	size_t chunk = c->max_frame < TUN_READ_MAX ? c->max_frame : TUN_READ_MAX;
 	for (int round = 0; round < 4 && !tc->local_eof; round++) {
+		if (tc->bulk && !t->no_splice && c->trace == NULL && splice_setup(t) == 0) {
+			int r = tc_splice_local(t, tc);
+			if (r == 0 || tc->gone)
+				return;
+			if (r > 0)
+				continue;
+		}
 		int64_t credit = take_credit(c, tc->k, chunk);
 		if (credit <= 0)
 			return;
@@ -361,7 +569,7 @@ static void tc_read_local(struct sbx_tunnel *t, struct tc *tc)
 				return;
 			struct sbx_error e;
 			sbx__fail(&e, SBX_ERR_LOCAL, errno, tc->from, "recv");
-			tc_end(t, tc, SBX_TUNNEL_CLOSE, &e);
+			tc_lost(t, tc, &e);
 			return;
 		}
 		if (n < credit)
@@ -370,36 +578,70 @@ static void tc_read_local(struct sbx_tunnel *t, struct tc *tc)
 		int rc = sbx__send(c, tc->k->id, FRAME_DATA, n == 0 ? FRAME_FLAG_FIN : 0, t->buf, (size_t)n,
 				   ms_from_now(TUN_SEND_MS), &e);
 		if (rc < 0) {
-			tc_end(t, tc, SBX_TUNNEL_CLOSE, &e);
+			tc_lost(t, tc, &e);
 			return;
 		}
 		if (n == 0)
 			tc->local_eof = true;
 		else
 			tc->bytes_in += (uint64_t)n;
+		if ((size_t)n >= TUN_BULK_MIN)
+			tc->bulk = true;
+		if (n < credit)
+			return; /* the socket is empty now */
 	}
 }
 
-/* Shim -> local socket: what is queued for the stream, as far as the socket takes it. */
+/* The first of the frames being written is done: its credit is owed, FIN passed on. */
+static void tc_wr_shift(struct tc *tc)
+{
+	struct rx_item *it = tc->wr[0];
+	bool fin = (it->flags & FRAME_FLAG_FIN) != 0;
+	tc->grant += it->len;
+	sbx__rx_free(it);
+	memmove(tc->wr, tc->wr + 1, (tc->nwr - 1) * sizeof(tc->wr[0]));
+	tc->nwr--;
+	tc->wr_off = 0;
+	if (fin && !tc->shut_wr) {
+		shutdown(tc->fd, SHUT_WR);
+		tc->shut_wr = true;
+	}
+}
+
+/* Shim -> local socket: what is queued for the stream, as far as the socket takes it,
+ * several frames per sendmsg. */
 static void tc_write_frames(struct sbx_tunnel *t, struct tc *tc)
 {
 	while (!tc->gone) {
-		if (tc->wr == NULL) {
+		/* take frames up to one with FIN (nothing may follow it) */
+		while (tc->nwr < TUN_WRITE_ITEMS &&
+		       (tc->nwr == 0 || (tc->wr[tc->nwr - 1]->flags & FRAME_FLAG_FIN) == 0)) {
 			struct rx_item *it = sbx__call_pop(tc->k);
 			if (it == NULL)
-				return;
+				break;
 			if (it->type != FRAME_DATA) {
 				sbx__rx_free(it);
 				continue;
 			}
-			tc->wr = it;
-			tc->wr_off = 0;
+			tc->wr[tc->nwr++] = it;
 		}
-		struct rx_item *it = tc->wr;
-		while (tc->wr_off < it->len) {
-			ssize_t w =
-				send(tc->fd, it->data + tc->wr_off, it->len - tc->wr_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-			if (w < 0) {
+		if (tc->nwr == 0)
+			return;
+		struct iovec iov[TUN_WRITE_ITEMS];
+		int niov = 0;
+		size_t total = 0;
+		for (unsigned i = 0; i < tc->nwr; i++) {
+			size_t off = i == 0 ? tc->wr_off : 0;
+			if (tc->wr[i]->len > off) {
+				iov[niov++] = (struct iovec){tc->wr[i]->data + off, tc->wr[i]->len - off};
+				total += tc->wr[i]->len - off;
+			}
+		}
+		size_t w = 0;
+		if (total > 0) {
+			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+			ssize_t r = sendmsg(tc->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (r < 0) {
 				if (errno == EINTR)
 					continue;
 				if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -409,17 +651,21 @@ static void tc_write_frames(struct sbx_tunnel *t, struct tc *tc)
 				tc_end(t, tc, SBX_TUNNEL_CLOSE, &e);
 				return;
 			}
-			tc->wr_off += (size_t)w;
+			w = (size_t)r;
 			tc->bytes_out += (uint64_t)w;
 		}
-		bool fin = (it->flags & FRAME_FLAG_FIN) != 0;
-		tc->grant += it->len;
-		sbx__rx_free(it);
-		tc->wr = NULL;
-		if (fin && !tc->shut_wr) {
-			shutdown(tc->fd, SHUT_WR);
-			tc->shut_wr = true;
+		/* the frames written whole go (empty ones too), a partial one stays first */
+		while (tc->nwr > 0) {
+			size_t rest = tc->wr[0]->len - tc->wr_off;
+			if (w < rest) {
+				tc->wr_off += w;
+				break;
+			}
+			w -= rest;
+			tc_wr_shift(tc);
 		}
+		if (tc->nwr > 0 && total > 0 && tc->wr_off < tc->wr[0]->len)
+			return; /* the socket is full: POLLOUT */
 	}
 }
 
@@ -427,10 +673,19 @@ static void tc_write_frames(struct sbx_tunnel *t, struct tc *tc)
 static void tc_write_local(struct sbx_tunnel *t, struct tc *tc)
 {
 	tc_write_frames(t, tc);
-	if (tc->gone || tc->grant == 0)
+	/* after the shim's FIN no DATA comes: credit would be wasted on it. Once the extra
+	 * window is out, small amounts wait (the shim's credit is then far larger than what
+	 * is held back); the first grant goes at once, whatever our initial window. */
+	if (tc->gone || tc->grant == 0 || tc->shut_wr || (tc->extra_sent && tc->grant < TUN_GRANT_MIN))
 		return;
 	struct sbx_error e;
 	uint32_t n = tc->grant;
+	if (!tc->extra_sent) {
+		/* the deeper pipe (PROTOCOL.md 12.5) goes with the first credit handed back:
+		 * a connection that carries a few bytes needs no frame of its own for it */
+		n += TUN_EXTRA_WINDOW;
+		tc->extra_sent = true;
+	}
 	tc->grant = 0;
 	if (sbx__call_grant(tc->k, n, ms_from_now(TUN_SEND_MS), &e) < 0)
 		tc_end(t, tc, SBX_TUNNEL_CLOSE, &e);
@@ -470,12 +725,6 @@ static void tc_service(struct sbx_tunnel *t, struct tc *tc)
 			return;
 		}
 		tc->state = TC_RELAY;
-		/* a deeper pipe for one fast connection, as the shim gives us (PROTOCOL.md 12.5) */
-		struct sbx_error ge;
-		if (sbx__call_grant(tc->k, TUN_EXTRA_WINDOW, ms_from_now(TUN_SEND_MS), &ge) < 0) {
-			tc_end(t, tc, SBX_TUNNEL_FAIL, &ge);
-			return;
-		}
 		set_active(t, +1);
 		log_event(t, SBX_TUNNEL_OPEN, tc, NULL);
 	}
@@ -484,7 +733,7 @@ static void tc_service(struct sbx_tunnel *t, struct tc *tc)
 	tc_write_local(t, tc);
 	if (tc->gone)
 		return;
-	if (tc->wr == NULL && sbx__call_done(tc->k)) {
+	if (tc->nwr == 0 && sbx__call_done(tc->k)) {
 		struct sbx_error e = tc->k->err;
 		tc_end(t, tc, SBX_TUNNEL_CLOSE, e.kind != SBX_ERR_NONE ? &e : NULL);
 	}
@@ -544,6 +793,15 @@ static struct pollfd *pfd_room(struct sbx_tunnel *t, unsigned n)
 	return t->pfd;
 }
 
+static void pipe_close(struct sbx_tunnel *t)
+{
+	for (int i = 0; i < 2; i++) {
+		if (t->pipefd[i] >= 0)
+			close(t->pipefd[i]);
+		t->pipefd[i] = -1;
+	}
+}
+
 static void *relay_main(void *arg)
 {
 	struct sbx_tunnel *t = arg;
@@ -585,8 +843,12 @@ static void *relay_main(void *arg)
 					timeout = (int)left;
 				ev = POLLOUT;
 			} else if (tc->state == TC_RELAY && tc->fd >= 0) {
-				if (tc->wr != NULL)
+				if (tc->nwr > 0)
 					ev |= POLLOUT;
+				if (!tc->local_eof && has_credit(c, tc->k))
+					ev |= POLLIN;
+			} else if (tc->state == TC_WAIT_CONNECTED && tc->fd >= 0 && tc->k != NULL) {
+				/* bytes sent before "connected" are held by the shim */
 				if (!tc->local_eof && has_credit(c, tc->k))
 					ev |= POLLIN;
 			}
@@ -623,6 +885,11 @@ static void *relay_main(void *arg)
 				reverse_connected(t, tc);
 				continue;
 			}
+			if (tc->state == TC_WAIT_CONNECTED) {
+				if (re & (POLLIN | POLLHUP | POLLERR))
+					tc_read_local(t, tc);
+				continue;
+			}
 			if (re & (POLLOUT | POLLERR | POLLHUP))
 				tc_write_local(t, tc);
 			if (!tc->gone && (re & (POLLIN | POLLHUP | POLLERR)))
@@ -655,6 +922,7 @@ static void *relay_main(void *arg)
 		/* closed from the log callback: nobody joins; the handle is ours to free */
 		pthread_detach(pthread_self());
 		close(t->evfd);
+		pipe_close(t);
 		pthread_mutex_destroy(&t->mu);
 		pthread_cond_destroy(&t->cv);
 		free(t->buf);
@@ -684,6 +952,7 @@ static struct sbx_tunnel *tunnel_alloc(struct sbx_client *c, int kind, const str
 	t->kind = kind;
 	t->lfd = -1;
 	t->evfd = -1;
+	t->pipefd[0] = t->pipefd[1] = -1;
 	pthread_mutex_init(&t->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -707,6 +976,7 @@ static void tunnel_free(struct sbx_tunnel *t)
 		close(t->lfd);
 	if (t->evfd >= 0)
 		close(t->evfd);
+	pipe_close(t);
 	pthread_mutex_destroy(&t->mu);
 	pthread_cond_destroy(&t->cv);
 	free(t->buf);

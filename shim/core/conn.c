@@ -1152,3 +1152,101 @@ static void handshake_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	err_set(&e, ETIMEDOUT, NULL, "no HELLO within %g s", c->srv->cfg.handshake_timeout);
 	conn_fail(c, &e);
 }
+
+/* ---- DATA spliced from a pipe (tunnels) ---- */
+
+/* Write the frame's header, then splice its payload from the pipe, as far as the
+ * socket takes them now. Returns the bytes of the frame (header included) sent. */
+static size_t pipe_send_now(struct conn *c, const uint8_t *hdr, int pfd, size_t total)
+{
+	out_trim(c);
+	size_t sent = 0;
+	ssize_t w;
+	do
+		w = write(c->wfd, hdr, FRAME_HDR_LEN);
+	while (w < 0 && errno == EINTR);
+	if (w > 0)
+		sent = (size_t)w;
+	while (sent >= FRAME_HDR_LEN && sent < total) {
+		w = splice(pfd, NULL, c->wfd, NULL, total - sent, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+		if (w > 0)
+			sent += (size_t)w;
+		else if (w < 0 && errno == EINTR)
+			continue;
+		else
+			break; /* full (EAGAIN), or no splice into this fd: the rest is queued */
+	}
+	return sent;
+}
+
+/* Queue the rest of the frame, sent bytes of it already gone: what is left of the
+ * header, then the payload read out of the pipe in pieces of the standard chunk size
+ * (reused, no fresh pages for every frame). -1: out of memory, or the pipe short (the
+ * connection is doomed). */
+static int pipe_queue_rest(struct conn *c, uint32_t id, const uint8_t *hdr, int pfd, size_t total, size_t sent)
+{
+	if (sent < FRAME_HDR_LEN) {
+		if (out_reserve(c, FRAME_HDR_LEN - sent) < 0) {
+			conn_doom(c, "out of memory");
+			return -1;
+		}
+		struct obuf_chunk *t = c->out_tail;
+		memcpy(t->data + t->len, hdr + sent, FRAME_HDR_LEN - sent);
+		t->len += FRAME_HDR_LEN - sent;
+	}
+	size_t want = total - (sent > FRAME_HDR_LEN ? sent : FRAME_HDR_LEN);
+	while (want > 0) {
+		struct obuf_chunk *t = c->out_tail;
+		if (t == NULL || t->cap == t->len) {
+			if (out_reserve(c, want < CHUNK_MIN ? want : CHUNK_MIN) < 0) {
+				conn_doom(c, "out of memory");
+				return -1;
+			}
+			t = c->out_tail;
+		}
+		size_t room = t->cap - t->len;
+		ssize_t r = read(pfd, t->data + t->len, want < room ? want : room);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			/* the bytes said to be in the pipe are not there: the frame cannot be finished */
+			conn_doom(c, "tunnel pipe short");
+			return -1;
+		}
+		t->len += (size_t)r;
+		want -= (size_t)r;
+	}
+	size_t rest = total - sent;
+	c->outlen += rest;
+	budget_take(rest);
+	/* nothing else was queued: the output is this frame's rest only */
+	c->direct_rest_id = rest == c->outlen ? id : 0;
+	c->want_flush = true;
+	return 0;
+}
+
+static void pipe_drain(int pfd)
+{
+	uint8_t sink[4096];
+	while (read(pfd, sink, sizeof(sink)) > 0)
+		; /* the pipe is left empty for the next frame */
+}
+
+size_t stream_send_pipe(struct stream *st, int pfd, size_t len)
+{
+	struct conn *c = st->conn;
+	if (c->state == CONN_DEAD || c->doomed != NULL) {
+		pipe_drain(pfd);
+		return len;
+	}
+	uint8_t hdr[FRAME_HDR_LEN];
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = st->id, .type = FRAME_DATA};
+	frame_put_hdr(hdr, &h);
+	size_t total = FRAME_HDR_LEN + len, sent = 0;
+	if (c->state == CONN_READY && c->outlen == 0)
+		sent = pipe_send_now(c, hdr, pfd, total);
+	st->send_credit -= (int64_t)len;
+	if (sent < total && pipe_queue_rest(c, st->id, hdr, pfd, total, sent) < 0)
+		pipe_drain(pfd);
+	return len;
+}

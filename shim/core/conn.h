@@ -160,5 +160,11 @@ void stream_grant(struct stream *st, uint32_t n);
 /* End with END carrying the packed Result payload, or with ERROR; frees st. */
 void stream_end(struct stream *st, const void *result, size_t len);
 void stream_fail(struct stream *st, const struct shim_err *err);
+/* One DATA frame of the len bytes waiting in the pipe pfd (len within the stream's
+ * credit and max_frame): when nothing is queued on the connection, the header is
+ * written and the payload spliced from the pipe straight to the peer; what the peer
+ * does not take now (all of it when output is queued) is read from the pipe into the
+ * output queue, so the frame always goes whole. Returns len (counted as sent). */
+size_t stream_send_pipe(struct stream *st, int pfd, size_t len);
 
 #endif

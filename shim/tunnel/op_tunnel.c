@@ -4,7 +4,8 @@
  * connections; every connection is a stream of its own (tunnel_connect, tunnel_accept)
  * carrying the bytes as DATA with the usual per-stream credit. All sockets are
  * non-blocking and watched by the loop; addresses are numeric, so nothing here can
- * stall the loop on a name lookup. */
+ * stall the loop on a name lookup. A connection's bulk reads are spliced to the client
+ * (socket -> pipe -> connection: stream_send_pipe), small ones copied. */
 #include "budget.h"
 #include "conn.h"
 #include "frame.h"
@@ -17,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -36,6 +38,7 @@
  * pipe for one fast connection; it is also what the shim may buffer for a slow socket. */
 #define TUN_EXTRA_WINDOW (256u << 10)
 #define TUN_OWNER_OUT_MAX (4u << 20) /* accepting pauses while the owner's output is this big */
+#define TUN_GRANT_MIN (64u << 10)    /* credit goes back in WINDOWs of this much at least */
 
 enum tun_kind { TUN_FORWARD = 1, TUN_REVERSE = 2 };
 
@@ -81,6 +84,8 @@ struct tconn {
 	bool eof_sent;   /* the socket reached EOF and DATA FIN went to the client */
 	bool client_fin; /* the client's FIN arrived */
 	bool shut_wr;    /* ... and was passed on with shutdown(SHUT_WR) */
+	bool bulk;       /* reads come big: splice them (small ones are cheaper copied) */
+	uint32_t owed;   /* client bytes written to the socket, credit not handed back yet */
 	uint8_t *wbuf;   /* client bytes the socket did not take yet; at most the credit granted */
 	size_t woff, wlen, wcap;
 	uint64_t bytes_in, bytes_out;
@@ -90,7 +95,31 @@ struct tconn {
 static struct tunnel *tunnels;
 static unsigned ntunnels;
 static uint64_t next_tunnel = 1;
-static uint8_t rbuf[FRAME_DATA_CHUNK];
+/* One socket read's worth: up to this much goes out per read, several DATA frames in one
+ * writev when the connection's output is empty (stream_send_direct). */
+#define TUN_RBUF (256u << 10)
+/* A read of TUN_BULK_MIN makes a connection "bulk" (spliced), a splice below
+ * TUN_BULK_END ends it: a splice costs a syscall more than a copy, which only pays off
+ * for big reads. */
+#define TUN_BULK_MIN (32u << 10)
+#define TUN_BULK_END (4u << 10)
+static uint8_t rbuf[TUN_RBUF];
+/* Socket -> connection without copies: splice(socket -> pipe), then stream_send_pipe()
+ * (header written, payload spliced on). One pipe serves every connection: it is empty
+ * again when stream_send_pipe() returns. Made at the first use. */
+static int spipe[2] = {-1, -1};
+static size_t spipe_size;
+static bool no_splice;   /* this kernel cannot: copy */
+static unsigned ntconns; /* relayed connections alive: the pipe goes with the last one and tunnel */
+
+static void splice_idle(void)
+{
+	if (ntconns > 0 || ntunnels > 0 || spipe[0] < 0)
+		return;
+	close(spipe[0]);
+	close(spipe[1]);
+	spipe[0] = spipe[1] = -1;
+}
 
 /* ---- addresses ---- */
 
@@ -196,6 +225,8 @@ static void tc_release(struct op *op)
 		budget_give(tc->wcap);
 	}
 	free(tc);
+	ntconns--;
+	splice_idle();
 }
 
 /* End the stream with ERROR; tc goes with its op. */
@@ -225,6 +256,18 @@ static void tc_check_done(struct tconn *tc)
 	op_end(op, &res);
 }
 
+/* Credit for n bytes written to the socket goes back in WINDOWs of TUN_GRANT_MIN at least:
+ * a frame per small write would cost the client a wake-up for nothing (its credit, the
+ * initial window plus TUN_EXTRA_WINDOW, is far larger than what is held back). */
+static void tc_grant(struct tconn *tc, uint32_t n)
+{
+	tc->owed += n;
+	if (tc->owed < TUN_GRANT_MIN)
+		return;
+	stream_grant(tc->op->st, tc->owed);
+	tc->owed = 0;
+}
+
 static void tc_writable(struct op *op)
 {
 	tc_read(op->data);
@@ -247,7 +290,7 @@ static int tc_data(struct op *op, const uint8_t *buf, size_t len, bool fin, stru
 			tc->bytes_in += (uint64_t)w;
 			if (tc->t != NULL)
 				tc->t->bytes_in += (uint64_t)w;
-			stream_grant(st, (uint32_t)w);
+			tc_grant(tc, (uint32_t)w);
 		}
 	}
 	if (len > 0) {
@@ -282,6 +325,32 @@ static int tc_data(struct op *op, const uint8_t *buf, size_t len, bool fin, stru
 	return 0;
 }
 
+static bool splice_ready(void)
+{
+	if (no_splice)
+		return false;
+	if (spipe[0] >= 0)
+		return true;
+	if (pipe2(spipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		no_splice = true;
+		return false;
+	}
+	int sz = fcntl(spipe[1], F_SETPIPE_SZ, (int)TUN_RBUF);
+	if (sz < 0)
+		sz = fcntl(spipe[1], F_GETPIPE_SZ);
+	spipe_size = sz > 0 ? (size_t)sz : 4096;
+	return true;
+}
+
+/* EOF on the socket: DATA FIN. */
+static void tc_eof(struct tconn *tc)
+{
+	ev_io_stop(srv->loop, &tc->rio);
+	tc->eof_sent = true;
+	stream_send_data(tc->op->st, NULL, 0, true);
+	tc_check_done(tc);
+}
+
 /* Socket -> client, as far as credit and the connection's output room allow. */
 static void tc_read(struct tconn *tc)
 {
@@ -289,13 +358,51 @@ static void tc_read(struct tconn *tc)
 	if (tc->eof_sent || tc->connecting)
 		return;
 	for (int round = 0; round < TUN_READ_ROUNDS; round++) {
-		size_t room = stream_can_send(st);
+		/* nothing queued on the connection: read as much as the credit allows and
+		 * write it straight out (no copy into the output queue) */
+		bool direct = st->conn->outlen == 0 && st->send_credit > 0 && conn_room(st->conn) > 0;
+		if (st->conn->outlen > 0 && st->conn->direct_rest_id == st->id) {
+			/* only our last frame's rest is queued: the peer is slow; wait for it
+			 * rather than copy more behind it (the bytes stay in the kernel) */
+			ev_io_stop(srv->loop, &tc->rio);
+			stream_wait_writable(st);
+			return;
+		}
+		size_t room = direct ? (size_t)st->send_credit : stream_can_send(st);
 		if (room == 0) {
 			/* out of credit or output room: leave the bytes in the kernel (TCP
 			 * pushes back on the sender inside) until writable() */
 			ev_io_stop(srv->loop, &tc->rio);
 			stream_wait_writable(st);
 			return;
+		}
+		if (direct && tc->bulk && splice_ready()) {
+			size_t want = room < spipe_size ? room : spipe_size;
+			if (want > st->conn->max_frame)
+				want = st->conn->max_frame;
+			ssize_t n = splice(tc->fd, NULL, spipe[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+			if (n > 0) {
+				stream_send_pipe(st, spipe[0], (size_t)n);
+				tc->bytes_out += (uint64_t)n;
+				if (tc->t != NULL)
+					tc->t->bytes_out += (uint64_t)n;
+				if ((size_t)n < TUN_BULK_END)
+					tc->bulk = false;
+				continue;
+			}
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				break;
+			if (n < 0 && errno != EINVAL && errno != ENOSYS) {
+				tc_fail(tc, errno, "recv");
+				return;
+			}
+			if (n == 0) {
+				tc_eof(tc);
+				return;
+			}
+			no_splice = true; /* EINVAL: copy from now on */
 		}
 		if (room > sizeof(rbuf))
 			room = sizeof(rbuf);
@@ -309,16 +416,26 @@ static void tc_read(struct tconn *tc)
 			return;
 		}
 		if (n == 0) {
-			ev_io_stop(srv->loop, &tc->rio);
-			tc->eof_sent = true;
-			stream_send_data(st, NULL, 0, true);
-			tc_check_done(tc);
+			tc_eof(tc);
 			return;
 		}
-		stream_send_data(st, rbuf, (size_t)n, false);
+		size_t done = 0;
+		if (direct) {
+			bool busy;
+			done = stream_send_direct(st, rbuf, (size_t)n, &busy);
+		}
+		/* the rest (all of it when not direct) is queued: within the credit */
+		size_t chunk = FRAME_DATA_CHUNK < st->conn->max_frame ? FRAME_DATA_CHUNK : st->conn->max_frame;
+		while (done < (size_t)n) {
+			size_t k = (size_t)n - done < chunk ? (size_t)n - done : chunk;
+			stream_send_data(st, rbuf + done, k, false);
+			done += k;
+		}
 		tc->bytes_out += (uint64_t)n;
 		if (tc->t != NULL)
 			tc->t->bytes_out += (uint64_t)n;
+		if ((size_t)n >= TUN_BULK_MIN)
+			tc->bulk = true;
 	}
 	ev_io_start(srv->loop, &tc->rio);
 }
@@ -330,13 +447,17 @@ static void tc_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 	tc_read(container_of(w, struct tconn, rio));
 }
 
-static void tc_start_relay(struct tconn *tc)
+/* peer: the socket's peer address when the caller has it already (else NULL) */
+static void tc_start_relay(struct tconn *tc, const struct sockaddr_storage *peer_ss)
 {
 	int one = 1;
 	setsockopt(tc->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	char local[80], peer[80];
 	fd_addr(tc->fd, false, local, sizeof(local));
-	fd_addr(tc->fd, true, peer, sizeof(peer));
+	if (peer_ss != NULL)
+		netaddr_format(peer_ss, peer, sizeof(peer));
+	else
+		fd_addr(tc->fd, true, peer, sizeof(peer));
 	Shim__V1__TunnelConnected tcd = SHIM__V1__TUNNEL_CONNECTED__INIT;
 	tcd.local = local;
 	tcd.peer = peer;
@@ -348,7 +469,8 @@ static void tc_start_relay(struct tconn *tc)
 	/* client bytes (or its FIN) that came while connecting go out when writable */
 	if (tc->wlen > 0 || tc->client_fin)
 		ev_io_start(srv->loop, &tc->wio);
-	tc_read(tc);
+	/* bytes the socket has already are seen by the watcher (no read to find none) */
+	ev_io_start(srv->loop, &tc->rio);
 }
 
 /* Client bytes buffered earlier -> socket. */
@@ -371,7 +493,7 @@ static void tc_flush(struct tconn *tc)
 		tc->bytes_in += (uint64_t)w;
 		if (tc->t != NULL)
 			tc->t->bytes_in += (uint64_t)w;
-		stream_grant(tc->op->st, (uint32_t)w);
+		tc_grant(tc, (uint32_t)w);
 	}
 	tc->woff = 0;
 	ev_io_stop(srv->loop, &tc->wio);
@@ -400,7 +522,7 @@ static void tc_write_cb(struct ev_loop *loop, ev_io *w, int revents)
 			return;
 		}
 		tc->connecting = false;
-		tc_start_relay(tc);
+		tc_start_relay(tc, NULL);
 		/* the stream may have ended in there (EOF with the client's FIN already in) */
 		return;
 	}
@@ -421,6 +543,7 @@ static struct tconn *tc_new(struct op *op, struct tunnel *t, int fd, const char 
 		return NULL;
 	tc->op = op;
 	tc->fd = fd;
+	ntconns++;
 	snprintf(tc->target, sizeof(tc->target), "%s", target);
 	ev_io_init(&tc->rio, tc_read_cb, fd, EV_READ);
 	ev_io_init(&tc->wio, tc_write_cb, fd, EV_WRITE);
@@ -485,6 +608,7 @@ static void tunnel_teardown(struct tunnel *t)
 		}
 	}
 	log_info("tunnel %s closed (%" PRIu64 " connections)", t->id, t->total);
+	splice_idle();
 }
 
 static void tunnel_info(const struct tunnel *t, Shim__V1__TunnelInfo *ti)
@@ -835,6 +959,14 @@ static int tunnel_connect_start(struct op *op, struct shim_err *err)
 	if (tc == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	fd = -1;
+	struct sockaddr_storage peer;
+	socklen_t pl = sizeof(peer);
+	/* a loopback handshake is mostly done by the time connect() returns: then relay at
+	 * once rather than wait a loop round for writable */
+	if (inprogress && getpeername(tc->fd, (struct sockaddr *)&peer, &pl) == 0)
+		inprogress = false;
+	else if (!inprogress && getpeername(tc->fd, (struct sockaddr *)&peer, &pl) < 0)
+		pl = 0;
 	if (inprogress) {
 		tc->connecting = true;
 		ev_io_start(srv->loop, &tc->wio);
@@ -842,7 +974,7 @@ static int tunnel_connect_start(struct op *op, struct shim_err *err)
 		ev_timer_set(&tc->ctimer, to, 0.);
 		ev_timer_start(srv->loop, &tc->ctimer);
 	} else {
-		tc_start_relay(tc);
+		tc_start_relay(tc, pl > 0 ? &peer : NULL);
 	}
 	return 0;
 }
@@ -880,7 +1012,7 @@ static int tunnel_accept_start(struct op *op, struct shim_err *err)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	}
 	free(p);
-	tc_start_relay(tc);
+	tc_start_relay(tc, NULL);
 	return 0;
 }
 

@@ -984,6 +984,149 @@ static int case_slow_reader(void)
 	return 0;
 }
 
+/* Bulk reads are spliced (socket -> pipe -> connection) on both sides, small ones
+ * copied; a connection switches between the two as its reads grow and shrink. Writes of
+ * mixed sizes (1 byte to 1 MiB, each sent whole and echoed before the next) come back
+ * byte-exact both ways through both kinds of tunnel, and so do bytes sent at once with
+ * the connect, before the shim has connected inside (held by the shim), with the FIN
+ * right behind them. */
+static int case_splice_mixed(void)
+{
+	struct sbx_client *c = start();
+	struct sbx_error err;
+	struct srv s;
+	srv_start(&s, echo_fn);
+	static const size_t sizes[] = {1, 300 * KiB + 5, 3, 64 * KiB, 2, MiB, 4 * KiB - 1, 700 * KiB, 1};
+	size_t cap = MiB;
+	uint8_t *out = malloc(cap), *in = malloc(cap);
+	CHECK(out != NULL && in != NULL);
+	for (int kind = 0; kind < 2; kind++) {
+		struct sbx_tunnel *t;
+		if (kind == 0)
+			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		else
+			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		int fd = tcp_connect(sbx_tunnel_port(t));
+		CHECK(fd >= 0);
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+			it_fill(out, sizes[i], 70 + i);
+			send_all(fd, out, sizes[i]);
+			size_t got = 0;
+			while (got < sizes[i]) {
+				ssize_t n = recv(fd, in + got, sizes[i] - got, 0);
+				CHECKF(n > 0, "write %zu (%zu bytes): got %zu: %s", i, sizes[i], got,
+				       n < 0 ? strerror(errno) : "EOF");
+				got += (size_t)n;
+			}
+			CHECKF(memcmp(out, in, sizes[i]) == 0, "write %zu (%zu bytes): bytes differ", i, sizes[i]);
+		}
+		shutdown(fd, SHUT_WR);
+		CHECK_EQ(recv_all(fd, in, cap), 0);
+		close(fd);
+
+		/* at once with the connect: 1 byte and FIN; then 900 KiB (beyond the first
+		 * credit) and FIN */
+		for (int round = 0; round < 2; round++) {
+			size_t len = round == 0 ? 1 : 900 * KiB;
+			it_fill(out, len, 90 + (uint64_t)round);
+			fd = tcp_connect(sbx_tunnel_port(t));
+			CHECK(fd >= 0);
+			CHECK_EQ(duplex(fd, out, len, in, cap), (long)len);
+			CHECK(memcmp(out, in, len) == 0);
+			close(fd);
+		}
+		wait_list_idle(c, sbx_tunnel_id(t));
+		sbx_tunnel_close(t);
+	}
+	free(out);
+	free(in);
+	srv_stop(&s);
+	CHECK_EQ(atomic_load(&s.ended), 6);
+	sbx_client_close(c);
+	return 0;
+}
+
+/* The server inside sends 8 MiB and then resets its connection (RST) before the client
+ * reads a byte: the client gets an exact prefix of those bytes and then ECONNRESET, never
+ * a clean EOF; the next connection through the same tunnel works. */
+#define RESET_BLAST (8u * MiB)
+static void blast_then_reset_fn(struct srv *s, int fd)
+{
+	char kind;
+	if (recv(fd, &kind, 1, MSG_WAITALL) != 1)
+		return;
+	if (kind == 'E') {
+		echo_fn(s, fd);
+		return;
+	}
+	uint8_t *buf = malloc(RESET_BLAST);
+	CHECK(buf != NULL);
+	it_fill(buf, RESET_BLAST, 33);
+	size_t off = 0;
+	while (off < RESET_BLAST) {
+		ssize_t w = send(fd, buf + off, RESET_BLAST - off, MSG_NOSIGNAL);
+		if (w <= 0)
+			break;
+		off += (size_t)w;
+		atomic_store(&s->sent, (long)off);
+	}
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	free(buf);
+	/* srv_conn_main closes: RST */
+}
+
+static int case_reset_midway(void)
+{
+	struct sbx_client *c = start();
+	struct sbx_error err;
+	struct srv s;
+	srv_start(&s, blast_then_reset_fn);
+	struct sbx_tunnel *t;
+	CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+	int fd = tcp_connect(sbx_tunnel_port(t));
+	CHECK(fd >= 0);
+	send_all(fd, "B", 1);
+	uint8_t *want = malloc(RESET_BLAST), *got = malloc(RESET_BLAST);
+	CHECK(want != NULL && got != NULL);
+	it_fill(want, RESET_BLAST, 33);
+	uint64_t until = it_now_ms() + 20000;
+	while (atomic_load(&s.ended) < 1 && it_now_ms() < until)
+		it_sleep_ms(5);
+	CHECK_EQ(atomic_load(&s.ended), 1);
+	size_t n = 0;
+	ssize_t r;
+	for (;;) {
+		r = recv(fd, got + n, RESET_BLAST - n > 0 ? RESET_BLAST - n : 1, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	int en = errno;
+	CHECKF(r < 0 && en == ECONNRESET, "after %zu bytes: %s", n, r == 0 ? "EOF" : strerror(en));
+	CHECK(n <= RESET_BLAST);
+	CHECKF(memcmp(want, got, n) == 0, "the %zu bytes before the reset differ", n);
+	close(fd);
+	/* the tunnel goes on */
+	fd = tcp_connect(sbx_tunnel_port(t));
+	CHECK(fd >= 0);
+	size_t len = 2 * MiB;
+	it_fill(want, len, 34);
+	want[0] = 'E';
+	/* (the server takes the 'E' and echoes the rest) */
+	CHECK_EQ(duplex(fd, want, len, got, len), (long)(len - 1));
+	CHECK(memcmp(want + 1, got, len - 1) == 0);
+	close(fd);
+	free(want);
+	free(got);
+	sbx_tunnel_close(t);
+	srv_stop(&s);
+	sbx_client_close(c);
+	return 0;
+}
+
 /* A client that vanishes (sbx reverse killed with SIGKILL) takes its tunnels along:
  * the port inside is free again. */
 static int case_disconnect(void)
@@ -1381,6 +1524,8 @@ int main(int argc, char **argv)
 		{"addrinuse", case_addrinuse},
 		{"stdio", case_stdio},
 		{"slow_reader", case_slow_reader},
+		{"splice_mixed", case_splice_mixed},
+		{"reset_midway", case_reset_midway},
 		{"disconnect", case_disconnect},
 		{"list_close", case_list_close},
 		{"threads", case_threads},
