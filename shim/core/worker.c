@@ -226,7 +226,11 @@ static void *worker_main(void *arg)
 		w->next = NULL;
 		*pool.done_tail = w;
 		pool.done_tail = &w->next;
+		/* after the unlock: the loop's done_cb takes the lock, and woken while we
+		 * hold it, would only sleep again on it */
+		pthread_mutex_unlock(&pool.mu);
 		ev_async_send(pool.loop, &pool.async);
+		pthread_mutex_lock(&pool.mu);
 	}
 	for (struct wthread **pp = &pool.wthreads; *pp != NULL; pp = &(*pp)->next) {
 		if (*pp == &self) {
@@ -336,8 +340,10 @@ void worker_submit(struct work *w)
 	if (pool.queued > pool.idle && pool.threads < pool.max_threads && (pool.threads == 0 || !pool.probing) &&
 	    spawn_thread(pool.threads > 0) < 0)
 		log_warn("worker: cannot start a thread: %s", strerror(errno));
-	pthread_cond_signal(&pool.cv);
 	pthread_mutex_unlock(&pool.mu);
+	/* after the unlock: a thread woken while we hold the lock would only sleep again
+	 * on it (a second wake-up per job) */
+	pthread_cond_signal(&pool.cv);
 }
 
 /* A job on a thread of its own (worker_run_own): the pool's rules for signals and

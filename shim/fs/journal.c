@@ -29,7 +29,17 @@
  * writer holds flock(LOCK_EX) on it until the write is over: a sweep (ours at
  * start, or another daemon's sharing the state dir) removes only entries it can
  * lock, i.e. whose daemon is gone, since the kernel drops the lock with the
- * process however it dies. */
+ * process however it dies.
+ *
+ * A finished entry is not unlinked but renamed (still locked, then closed) into
+ * STATE/pending-writes.idle, up to IDLE_MAX of them, and the next write takes it
+ * back: reopened and locked, its new path written over the old one, renamed into
+ * the journal. An inode created and deleted per write is what made small writes
+ * slow: ext4 without a journal does not reuse a recently deleted inode, and scans
+ * past every one of them at each create, in the state dir and in the directories
+ * beside it. The idle directory is never read for temp files to remove: a sweep
+ * only deletes the files in it that nobody has locked. It holds no fd: it is
+ * reached through the journal's, as IDLE_REL. */
 struct journal_entry {
 	struct journal_entry *prev, *next;
 	int fd;
@@ -37,13 +47,29 @@ struct journal_entry {
 	char path[]; /* the temp file */
 };
 
+#define IDLE_MAX 4
+#define IDLE_SUFFIX ".idle"
+#define IDLE_REL "../pending-writes" IDLE_SUFFIX "/"
+
 static struct {
 	pthread_mutex_t mu;
 	char dir[PATH_MAX];
 	int dfd; /* -1 until the first write creates the directory */
 	struct journal_entry *live;
 	pid_t pid; /* the daemon's: a forked child that calls exit() must not sweep */
+	/* entries kept for reuse (journal_remove), in STATE/pending-writes.idle */
+	char idle_dir[PATH_MAX];
+	bool idle_made;             /* the idle directory exists */
+	bool no_idle;               /* renames between the two cannot be done here: never keep one */
+	struct journal_entry *idle; /* through next; fd -1 */
+	unsigned n_idle;            /* in the list, or being renamed into the idle directory */
 } jr = {.mu = PTHREAD_MUTEX_INITIALIZER, .dfd = -1};
+
+/* IDLE_REL NAME, for the *at calls on jr.dfd */
+static void idle_rel(const struct journal_entry *e, char *buf, size_t size)
+{
+	snprintf(buf, size, IDLE_REL "%s", e->name);
+}
 
 static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 
@@ -160,11 +186,24 @@ static unsigned sweep_entry(int dfd, const char *name)
 	return removed;
 }
 
-unsigned journal_sweep(void)
+/* One file of the idle directory: a dead daemon's spare entry (nothing it names is
+ * pending), removed unless a live daemon holds it. */
+static void sweep_idle_entry(int dfd, const char *name)
 {
-	if (jr.dfd < 0)
-		return 0;
-	int fd = openat(jr.dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int cleanup_close fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || flock(fd, LOCK_EX | LOCK_NB) < 0)
+		return;
+	unlinkat(dfd, name, 0);
+}
+
+/* Each entry of the directory dfd (not the dot files), through fn; the sum of what
+ * fn returns. */
+static unsigned sweep_dir(int dfd, unsigned (*fn)(int dfd, const char *name))
+{
+	int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
 		return 0;
 	DIR *d = fdopendir(fd);
@@ -177,10 +216,28 @@ unsigned journal_sweep(void)
 	while ((e = readdir(d)) != NULL) {
 		if (e->d_name[0] == '.')
 			continue;
-		removed += sweep_entry(jr.dfd, e->d_name);
+		removed += fn(dfd, e->d_name);
 	}
 	closedir(d);
 	return removed;
+}
+
+static unsigned sweep_idle_one(int dfd, const char *name)
+{
+	sweep_idle_entry(dfd, name);
+	return 0;
+}
+
+unsigned journal_sweep(void)
+{
+	if (!jr.no_idle) {
+		int cleanup_close idfd = open(jr.idle_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (idfd >= 0)
+			sweep_dir(idfd, sweep_idle_one);
+	}
+	if (jr.dfd < 0)
+		return 0;
+	return sweep_dir(jr.dfd, sweep_entry);
 }
 
 /* At exit (after SIGTERM, say) the writes still in flight lose their temp files
@@ -194,6 +251,14 @@ static void journal_atexit(void)
 		remove_temp(e->path);
 		unlinkat(jr.dfd, e->name, 0);
 	}
+	/* the spare entries go, and their directory if no other daemon has some there */
+	for (struct journal_entry *e = jr.idle; e != NULL; e = e->next) {
+		char rel[sizeof(IDLE_REL) + sizeof(e->name)];
+		idle_rel(e, rel, sizeof(rel));
+		unlinkat(jr.dfd, rel, 0);
+	}
+	if (jr.idle_made)
+		unlinkat(AT_FDCWD, jr.idle_dir, AT_REMOVEDIR);
 	pthread_mutex_unlock(&jr.mu);
 }
 
@@ -203,6 +268,12 @@ int journal_init(const char *state_dir)
 	if (n < 0 || (size_t)n >= sizeof(jr.dir)) {
 		fprintf(stderr, "sandbox-shim: state dir %s: path too long\n", state_dir);
 		return -1;
+	}
+	if ((size_t)n + sizeof(IDLE_SUFFIX) <= sizeof(jr.idle_dir)) {
+		memcpy(jr.idle_dir, jr.dir, (size_t)n);
+		memcpy(jr.idle_dir + n, IDLE_SUFFIX, sizeof(IDLE_SUFFIX));
+	} else {
+		jr.no_idle = true;
 	}
 	jr.dfd = open(jr.dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (jr.dfd < 0 && errno != ENOENT) {
@@ -295,27 +366,140 @@ static int entry_create(int dfd, struct journal_entry *e, struct shim_err *err)
 	}
 }
 
+/* A spare entry, taken out of the idle list, with room for a path of plen bytes and
+ * its newline; NULL if there is none. */
+static struct journal_entry *idle_take(size_t plen)
+{
+	pthread_mutex_lock(&jr.mu);
+	struct journal_entry *e = jr.idle;
+	if (e != NULL) {
+		jr.idle = e->next;
+		jr.n_idle--;
+	}
+	pthread_mutex_unlock(&jr.mu);
+	if (e == NULL)
+		return NULL;
+	struct journal_entry *n = realloc(e, sizeof(*e) + plen + 2);
+	if (n == NULL) {
+		char rel[sizeof(IDLE_REL) + sizeof(e->name)];
+		idle_rel(e, rel, sizeof(rel));
+		unlinkat(jr.dfd, rel, 0);
+		free(e);
+	}
+	return n;
+}
+
+/* idle_reuse's steps on the reopened spare: 1 taken back, 0 gone meanwhile (a sweep
+ * removed it), -1 failed (the spare is to be removed). */
+static int idle_retake(struct journal_entry *e, const char *rel, size_t len)
+{
+	struct stat st;
+	if (flock(e->fd, LOCK_EX) < 0 || fstat(e->fd, &st) < 0 || !S_ISREG(st.st_mode))
+		return -1;
+	if (st.st_nlink == 0)
+		return 0;
+	if (pwrite(e->fd, e->path, len, 0) != (ssize_t)len ||
+	    ((size_t)st.st_size > len && ftruncate(e->fd, (off_t)len) < 0))
+		return -1;
+	/* NOREPLACE: a name that another daemon's entry took meanwhile stays its own */
+	return renameat2(jr.dfd, rel, jr.dfd, e->name, RENAME_NOREPLACE) == 0 ? 1 : -1;
+}
+
+/* Put the spare entry e (e->path holds len bytes, "PATH\n") back into the journal:
+ * locked (a sweep may have removed it while it was not), the new path written over
+ * the old one first, so that it never names anything else while in the journal.
+ * 0, or -1 with e freed and its file gone. */
+static int idle_reuse(struct journal_entry *e, size_t len)
+{
+	char rel[sizeof(IDLE_REL) + sizeof(e->name)];
+	idle_rel(e, rel, sizeof(rel));
+	e->fd = openat(jr.dfd, rel, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+	int r = e->fd < 0 ? 0 : idle_retake(e, rel, len);
+	if (r == 1)
+		return 0;
+	if (r < 0)
+		unlinkat(jr.dfd, rel, 0);
+	if (e->fd >= 0)
+		close(e->fd);
+	free(e);
+	return -1;
+}
+
+/* Keep e (out of the live list, still locked) for the next write instead of
+ * deleting it: true if it was renamed into the idle directory (and closed). */
+static bool idle_keep(struct journal_entry *e)
+{
+	pthread_mutex_lock(&jr.mu);
+	bool room = !jr.no_idle && jr.n_idle < IDLE_MAX;
+	if (room)
+		jr.n_idle++; /* the place is ours while we rename */
+	if (room && !jr.idle_made) {
+		/* created by the first entry kept (like the journal, by the first write) */
+		if (mkdir(jr.idle_dir, 0700) < 0 && errno != EEXIST) {
+			jr.no_idle = true;
+			room = false;
+			jr.n_idle--;
+		} else {
+			jr.idle_made = true;
+		}
+	}
+	pthread_mutex_unlock(&jr.mu);
+	if (!room)
+		return false;
+	char rel[sizeof(IDLE_REL) + sizeof(e->name)];
+	idle_rel(e, rel, sizeof(rel));
+	/* renamed while still locked, so that no sweep sees it unlocked in the journal */
+	if (renameat2(jr.dfd, e->name, jr.dfd, rel, RENAME_NOREPLACE) == 0) {
+		close(e->fd);
+		e->fd = -1;
+		pthread_mutex_lock(&jr.mu);
+		e->prev = NULL;
+		e->next = jr.idle;
+		jr.idle = e;
+		pthread_mutex_unlock(&jr.mu);
+		return true;
+	}
+	int en = errno;
+	pthread_mutex_lock(&jr.mu);
+	jr.n_idle--;
+	/* no RENAME_NOREPLACE (EINVAL), another filesystem there (EXDEV)...: never again */
+	if (en != EEXIST)
+		jr.no_idle = true;
+	pthread_mutex_unlock(&jr.mu);
+	return false;
+}
+
 static struct journal_entry *add_entry(const char *path, struct shim_err *err)
 {
 	int dfd = journal_dir(err);
 	if (dfd < 0)
 		return NULL;
 	size_t plen = strlen(path);
-	struct journal_entry cleanup_free *e = malloc(sizeof(*e) + plen + 2);
-	if (e == NULL) {
-		err_set(err, ENOMEM, NULL, "out of memory");
-		return NULL;
+	struct journal_entry cleanup_free *e = idle_take(plen);
+	if (e != NULL) {
+		memcpy(e->path, path, plen);
+		e->path[plen] = '\n';
+		e->path[plen + 1] = '\0';
+		if (idle_reuse(e, plen + 1) < 0)
+			e = NULL; /* (freed) */
 	}
-	memcpy(e->path, path, plen);
-	e->path[plen] = '\n';
-	e->path[plen + 1] = '\0';
-	if (entry_create(dfd, e, err) < 0)
-		return NULL;
-	ssize_t w = write(e->fd, e->path, plen + 1);
-	if (w != (ssize_t)plen + 1) {
-		err_set(err, w < 0 ? errno : ENOSPC, jr.dir, "write a journal entry in %s", jr.dir);
-		entry_unmake(dfd, e);
-		return NULL;
+	if (e == NULL) {
+		e = malloc(sizeof(*e) + plen + 2);
+		if (e == NULL) {
+			err_set(err, ENOMEM, NULL, "out of memory");
+			return NULL;
+		}
+		memcpy(e->path, path, plen);
+		e->path[plen] = '\n';
+		e->path[plen + 1] = '\0';
+		if (entry_create(dfd, e, err) < 0)
+			return NULL;
+		ssize_t w = write(e->fd, e->path, plen + 1);
+		if (w != (ssize_t)plen + 1) {
+			err_set(err, w < 0 ? errno : ENOSPC, jr.dir, "write a journal entry in %s", jr.dir);
+			entry_unmake(dfd, e);
+			return NULL;
+		}
 	}
 	e->path[plen] = '\0';
 	pthread_mutex_lock(&jr.mu);
@@ -340,11 +524,15 @@ void journal_remove(struct journal_entry *e)
 	if (e->next != NULL)
 		e->next->prev = e->prev;
 	pthread_mutex_unlock(&jr.mu);
-	/* unlink while still holding the lock, so no sweep sees it unlocked first */
+	/* renamed or unlinked while still holding the lock, so no sweep sees it
+	 * unlocked first */
 	bool paused = fs_ctx_pause();
-	if (unlinkat(jr.dfd, e->name, 0) < 0)
+	bool kept = idle_keep(e);
+	if (!kept && unlinkat(jr.dfd, e->name, 0) < 0)
 		log_warn("journal: cannot remove entry %s: %s", e->name, strerror(errno));
 	fs_ctx_resume(paused);
+	if (kept)
+		return;
 	close(e->fd);
 	free(e);
 }

@@ -20,8 +20,9 @@ struct journal_entry;
  * entry, locked for as long as the entry lives. Worker threads only. A temp
  * directory (a restore's) may be recorded too: a sweep removes it with its tree. */
 struct journal_entry *journal_add(const char *path, struct shim_err *err);
-/* Forget the entry (the temp file was renamed into place or removed). NULL is fine.
- * Worker threads only. */
+/* Forget the entry (the temp file was renamed into place or removed): it leaves the
+ * journal, kept as a spare in STATE/pending-writes.idle for a later journal_add (or
+ * unlinked). NULL is fine. Worker threads only. */
 void journal_remove(struct journal_entry *e);
 
 /* Temp file names: ".NAME.sbx-XXXXXX" (NAME shortened to fit NAME_MAX). Fill buf
@@ -30,8 +31,8 @@ void journal_temp_name(const char *name, char *buf, size_t size);
 /* Does name have that shape? Only such files are ever removed by a sweep. */
 bool journal_is_temp_name(const char *name);
 
-/* Sweep the journal now (what journal_init does; for tests). Returns the number of
- * temp files removed. */
+/* Sweep the journal now (what journal_init does; for tests), and the spare entries
+ * that nobody holds. Returns the number of temp files removed. */
 unsigned journal_sweep(void);
 
 #endif

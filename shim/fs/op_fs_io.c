@@ -667,7 +667,10 @@ const struct op_kind op_fs_read_kind = {
 #define WRITEBACK_STEP (8u << 20)
 
 /* WJ_WRITE_COMMIT: the last bytes and the commit in one job (one hand-off less for
- * a small file, whose bytes and FIN usually come all at once). */
+ * a big file's end). A small file's bytes and FIN usually come in the same read as the
+ * request: the open waits for the end of the loop iteration (an ev_prepare), and the
+ * WJ_OPEN job then writes the bytes that came meanwhile and, given the FIN, commits
+ * too: one job, one worker wake-up and one loop wake-up per small write. */
 enum wr_step { WJ_OPEN, WJ_WRITE, WJ_WRITE_COMMIT, WJ_COMMIT };
 
 struct wr {
@@ -676,6 +679,10 @@ struct wr {
 	enum wr_step step;
 	bool busy;
 	bool opened;
+	/* WJ_OPEN: then write job_len bytes (open_write) and commit (open_commit), unless
+	 * the file is to be written on the loop; open_wrote: that was done */
+	bool open_write, open_commit, open_wrote;
+	ev_prepare start; /* the first WJ_OPEN, once the loop iteration is over */
 	/* what a write cut off midway leaves (fd, temp file, journal entry) is undone
 	 * by the op's last job, on a worker, as the request's identity */
 	struct op_job undo;
@@ -1139,6 +1146,13 @@ static void wr_run(struct op_job *job)
 	switch (w->step) {
 	case WJ_OPEN:
 		wr_open_run(w);
+		w->open_wrote = false;
+		if (w->job.rc == 0 && w->open_write && !w->on_loop && !w->wait_reader) {
+			wr_write_run(w);
+			w->open_wrote = w->job.rc == 0;
+			if (w->job.rc == 0 && w->open_commit)
+				wr_commit_run(w);
+		}
 		break;
 	case WJ_WRITE:
 		wr_write_run(w);
@@ -1220,6 +1234,17 @@ static void wr_done(struct op_job *job)
 		w->opened = true;
 		if (w->on_loop)
 			ev_io_set(&w->io, w->fd, EV_WRITE);
+		if (w->open_wrote && w->open_commit) {
+			w->total += w->job_len;
+			wr_reply(w);
+			return;
+		}
+		if (w->open_wrote) {
+			w->head = (w->head + w->job_len) % w->cap;
+			w->len -= w->job_len;
+			w->total += w->job_len;
+			stream_grant(w->op->st, (uint32_t)w->job_len);
+		}
 		break;
 	case WJ_WRITE:
 		w->head = (w->head + w->job_len) % w->cap;
@@ -1244,6 +1269,24 @@ static void wr_submit(struct wr *w, enum wr_step step)
 	w->step = step;
 	w->busy = true;
 	op_submit(w->op, &w->job);
+}
+
+/* The open, with the bytes (and the FIN) that have come so far. */
+static void wr_submit_open(struct wr *w)
+{
+	w->job_len = w->len;
+	w->open_commit = w->fin;
+	w->open_write = w->len > 0 || w->fin;
+	wr_submit(w, WJ_OPEN);
+}
+
+static void wr_start_cb(struct ev_loop *loop, ev_prepare *p, int revents)
+{
+	(void)revents;
+	struct wr *w = container_of(p, struct wr, start);
+	ev_prepare_stop(loop, p);
+	if (w->op->st != NULL && !w->busy)
+		wr_submit_open(w);
 }
 
 /* ---- FIFOs, sockets and character devices, on the loop ---- */
@@ -1292,7 +1335,7 @@ static void wr_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)revents;
 	struct wr *w = container_of(t, struct wr, retry);
 	if (w->op->st != NULL && !w->busy)
-		wr_submit(w, WJ_OPEN);
+		wr_submit_open(w);
 }
 
 static void wr_io_cb(struct ev_loop *loop, ev_io *io, int revents)
@@ -1341,6 +1384,7 @@ static void write_cancel(struct op *op)
 	struct wr *w = op->data;
 	ev_io_stop(srv->loop, &w->io);
 	ev_timer_stop(srv->loop, &w->retry);
+	ev_prepare_stop(srv->loop, &w->start);
 	w->undo.run = wr_undo_run;
 	op_at_end(op, &w->undo);
 }
@@ -1352,6 +1396,7 @@ static void write_release(struct op *op)
 		return;
 	ev_io_stop(srv->loop, &w->io);
 	ev_timer_stop(srv->loop, &w->retry);
+	ev_prepare_stop(srv->loop, &w->start);
 	wr_free(w);
 }
 
@@ -1379,6 +1424,7 @@ static int write_start(struct op *op, struct shim_err *err)
 	w->fd = w->dfd = -1;
 	ev_init(&w->io, wr_io_cb);
 	ev_init(&w->retry, wr_retry_cb);
+	ev_prepare_init(&w->start, wr_start_cb);
 	w->job.run = wr_run;
 	w->job.done = wr_done;
 	op->data = w; /* (from here on write_release frees it) */
@@ -1393,7 +1439,8 @@ static int write_start(struct op *op, struct shim_err *err)
 	w->has_mode = q->has_mode;
 	w->mode = (mode_t)q->mode;
 	w->allow_special = q->has_allow_special && q->allow_special;
-	wr_submit(w, WJ_OPEN);
+	/* the data frames read with the request come first (wr_start_cb) */
+	ev_prepare_start(srv->loop, &w->start);
 	return 0;
 }
 

@@ -1150,6 +1150,415 @@ static int case_disconnect_write(void)
 	return 0;
 }
 
+/* ---- small writes: the open, the bytes and the commit in one job ---- */
+
+/* Frames put one after the other in buf, sent with one send(): the daemon reads them
+ * all at once, as it does a small write's REQUEST and DATA. */
+static size_t put_frame(uint8_t *buf, size_t off, uint32_t stream, uint8_t type, uint8_t flags, const void *p,
+			size_t len)
+{
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
+	frame_put_hdr(buf + off, &h);
+	if (len > 0)
+		memcpy(buf + off + FRAME_HDR_LEN, p, len);
+	return off + FRAME_HDR_LEN + len;
+}
+
+static size_t put_write_request(uint8_t *buf, size_t off, uint32_t stream, const char *path)
+{
+	Shim__V1__WriteRequest wr = SHIM__V1__WRITE_REQUEST__INIT;
+	wr.path.data = (uint8_t *)(uintptr_t)path;
+	wr.path.len = strlen(path);
+	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
+	req.kind_case = SHIM__V1__REQUEST__KIND_WRITE;
+	req.write = &wr;
+	uint8_t pb[512];
+	size_t n = shim__v1__request__get_packed_size(&req);
+	CHECK(n <= sizeof(pb));
+	shim__v1__request__pack(&req, pb);
+	return put_frame(buf, off, stream, FRAME_REQUEST, 0, pb, n);
+}
+
+static void send_all(int fd, const uint8_t *buf, size_t len)
+{
+	CHECK(send(fd, buf, len, MSG_NOSIGNAL) == (ssize_t)len);
+}
+
+/* The next frame of stream (skipping WINDOW frames), payload freed. */
+static uint8_t next_frame_type(int fd, uint32_t stream, uint8_t **payload, size_t *len)
+{
+	for (;;) {
+		struct frame_hdr h;
+		uint8_t *p = NULL;
+		CHECK(raw_recv(fd, &h, &p, 5000) == 1);
+		if (h.type == FRAME_WINDOW || h.stream != stream) {
+			free(p);
+			continue;
+		}
+		if (payload != NULL) {
+			*payload = p;
+			*len = h.len;
+		} else {
+			free(p);
+		}
+		return h.type;
+	}
+}
+
+/* The one entry of the idle journal directory (its inode), or 0 if there is none. */
+static ino_t idle_inode(const char *idle)
+{
+	DIR *d = opendir(idle);
+	if (d == NULL)
+		return 0;
+	ino_t ino = 0;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		n++;
+		ino = e->d_ino;
+	}
+	closedir(d);
+	CHECKF(n <= 1, "%d entries in %s after one write at a time", n, idle);
+	return ino;
+}
+
+/* Small writes whose bytes (and FIN) come with the request: exact bytes whatever the
+ * size, the old file's mode kept, failures at the open before any byte is written,
+ * special files still written on the loop; and the journal entry is reused from one
+ * write to the next, not created and deleted (the same inode each time). */
+static int case_small_writes(void)
+{
+	struct it_daemon *d;
+	struct sbx_client *c = start("shim", &d);
+	char journal[PATH_MAX], idle[PATH_MAX];
+	snprintf(journal, sizeof(journal), "%s", it_path("shim.state/pending-writes"));
+	snprintf(idle, sizeof(idle), "%s", it_path("shim.state/pending-writes.idle"));
+	struct sbx_error err;
+	struct sbx_stat st = SBX_STAT_INIT;
+	static uint8_t data[70100];
+	it_fill(data, sizeof(data), 21);
+	static const size_t sizes[] = {0, 1, 100, 4095, 4096, 4097, 65535, 65536, 70000};
+	char path[PATH_MAX];
+	ino_t ino0 = 0;
+	for (int round = 0; round < 3; round++) {
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+			snprintf(path, sizeof(path), "%s/small%zu", it_dir(), i);
+			const uint8_t *b = data + round * 7 + i;
+			size_t len = sizes[i] - (sizes[i] > 0 && round > 0 ? 1 : 0) - i * (sizes[i] > 1000);
+			if (round == 1)
+				CHECK(chmod(path, 0640) == 0);
+			CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, b, len, &st, &err), &err);
+			check_local(path, b, len);
+			CHECK_EQ(st.size, len);
+			struct stat ls;
+			CHECK(stat(path, &ls) == 0);
+			CHECK_EQ(ls.st_mode & 07777, round == 0 ? 0644u : 0640u);
+			CHECK_EQ(count_entries(journal), 0);
+			ino_t ino = idle_inode(idle);
+			CHECKF(ino != 0, "no spare journal entry in %s", idle);
+			if (ino0 == 0)
+				ino0 = ino;
+			CHECKF(ino == ino0, "the journal entry was made anew (inode %llu, then %llu)",
+			       (unsigned long long)ino0, (unsigned long long)ino);
+		}
+	}
+	CHECK_EQ(count_temps(it_dir()), 0);
+
+	/* failures at the open: nothing written, nothing left */
+	snprintf(path, sizeof(path), "%s/small1", it_dir());
+	CHECK(sbx_write_file_buf(c, NULL, path, SBX_WRITE_EXCLUSIVE, SBX_MODE_KEEP, "new", 3, NULL, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EEXIST);
+	check_local(path, data + 2 * 7 + 1, 0);
+	snprintf(path, sizeof(path), "%s/no/such/dir/f", it_dir());
+	CHECK(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "new", 3, NULL, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
+	CHECK_SBX(sbx_write_file_buf(c, NULL, path, SBX_WRITE_PARENTS, SBX_MODE_KEEP, "new", 3, NULL, &err), &err);
+	check_local(path, "new", 3);
+	CHECK(sbx_write_file_buf(c, NULL, it_dir(), 0, SBX_MODE_KEEP, "new", 3, NULL, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_REMOTE, EISDIR);
+	CHECK_EQ(count_temps(it_dir()), 0);
+	CHECK_EQ(count_entries(journal), 0);
+
+	/* a FIFO with a reader: the bytes that came with the request go on the loop */
+	char fifo[PATH_MAX];
+	snprintf(fifo, sizeof(fifo), "%s", it_path("small.fifo"));
+	CHECK(mkfifo(fifo, 0600) == 0);
+	uint8_t got[64];
+	struct pipe_drain dr = {.path = fifo, .buf = got, .cap = sizeof(got)};
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, drain_thread, &dr) == 0);
+	CHECK_SBX(sbx_write_file_buf(c, &no_timeout, fifo, SBX_WRITE_NO_ATOMIC | SBX_WRITE_ALLOW_SPECIAL, SBX_MODE_KEEP,
+				     "through the loop", 16, &st, &err),
+		  &err);
+	CHECK(pthread_join(th, NULL) == 0);
+	CHECK(dr.err == 0 && dr.len == 16 && memcmp(got, "through the loop", 16) == 0);
+	CHECK_EQ(st.type, SBX_FT_FIFO);
+
+	/* in place (no_atomic) on a regular file, shorter than before: truncated */
+	snprintf(path, sizeof(path), "%s/small8", it_dir());
+	CHECK_SBX(sbx_write_file_buf(c, NULL, path, SBX_WRITE_NO_ATOMIC, SBX_MODE_KEEP, "in place", 8, &st, &err),
+		  &err);
+	check_local(path, "in place", 8);
+
+	/* REQUEST, DATA and FIN in one read, raw: END with the bytes in place */
+	int fd = raw_connect_unix(it_path("shim.sock"));
+	raw_hello(fd, NULL);
+	static uint8_t buf[16384];
+	snprintf(path, sizeof(path), "%s/raw", it_dir());
+	size_t off = put_write_request(buf, 0, 1, path);
+	off = put_frame(buf, off, 1, FRAME_DATA, 0, "one ", 4);
+	off = put_frame(buf, off, 1, FRAME_DATA, FRAME_FLAG_FIN, "read", 4);
+	send_all(fd, buf, off);
+	CHECK_EQ(next_frame_type(fd, 1, NULL, NULL), FRAME_END);
+	check_local(path, "one read", 8);
+	/* REQUEST and DATA without FIN: the bytes are written, the commit waits */
+	off = put_write_request(buf, 0, 3, path);
+	off = put_frame(buf, off, 3, FRAME_DATA, 0, "first ", 6);
+	send_all(fd, buf, off);
+	wait_temps(it_dir(), 1, 5000);
+	check_local(path, "one read", 8);
+	raw_send(fd, 3, FRAME_DATA, FRAME_FLAG_FIN, "then", 4);
+	CHECK_EQ(next_frame_type(fd, 3, NULL, NULL), FRAME_END);
+	check_local(path, "first then", 10);
+	/* REQUEST, DATA and CANCEL in one read: the write never starts, the file stays */
+	off = put_write_request(buf, 0, 5, path);
+	off = put_frame(buf, off, 5, FRAME_DATA, 0, "gone", 4);
+	off = put_frame(buf, off, 5, FRAME_CANCEL, 0, NULL, 0);
+	/* and a ping after them: answered once the cancelled write has been dealt with */
+	off = put_frame(buf, off, 0, FRAME_PING, 0, "p", 1);
+	send_all(fd, buf, off);
+	for (;;) {
+		struct frame_hdr h;
+		uint8_t *p = NULL;
+		CHECK(raw_recv(fd, &h, &p, 5000) == 1);
+		free(p);
+		if (h.type == FRAME_PONG)
+			break;
+	}
+	wait_temps(it_dir(), 0, 5000);
+	check_local(path, "first then", 10);
+	/* REQUEST and DATA, then the connection goes, all in one read */
+	off = put_write_request(buf, 0, 7, path);
+	off = put_frame(buf, off, 7, FRAME_DATA, FRAME_FLAG_FIN, "lost", 4);
+	send_all(fd, buf, off);
+	close(fd);
+	wait_streams_idle(c);
+	wait_temps(it_dir(), 0, 5000);
+	wait_entries(journal, 0, 5000);
+	size_t len = 0;
+	uint8_t *now = slurp(path, &len);
+	CHECK(now != NULL);
+	/* (the write may have been done before the daemon saw the connection go) */
+	CHECK((len == 10 && memcmp(now, "first then", 10) == 0) || (len == 4 && memcmp(now, "lost", 4) == 0));
+	free(now);
+
+	/* SIGTERM: the spare entries go with the daemon, their directory too */
+	sbx_client_close(c);
+	int status = it_daemon_stop(d);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %#x", status);
+	struct stat ls;
+	CHECKF(lstat(idle, &ls) < 0 && errno == ENOENT, "%s is left after the daemon exited", idle);
+	CHECK_EQ(count_entries(journal), 0);
+	return 0;
+}
+
+/* libsbx sends a small buffer (up to 64 KiB) with its REQUEST in one write, as one DATA
+ * frame with FIN: exact bytes from threads sharing one client (several such pairs in
+ * one read of the shim, frames across its reads), on both sides of the 64 KiB limit; a
+ * cancel token fired before the call fails it, the file as it was; the connection goes
+ * on after a write refused at the open (the shim drops the DATA that came with it). */
+struct whole_writer {
+	struct sbx_client *c;
+	int id, rc;
+	struct sbx_error err;
+};
+
+static const size_t whole_sizes[] = {0, 1, 17, 4096, 65535, 65536, 65537, 100000};
+
+static void whole_fill(uint8_t *b, size_t len, int id, int i)
+{
+	it_fill(b, len, (uint64_t)id * 1000 + (uint64_t)i);
+}
+
+static void *whole_thread(void *arg)
+{
+	struct whole_writer *w = arg;
+	static __thread uint8_t buf[100000];
+	char path[PATH_MAX];
+	for (int i = 0; i < 40 && w->rc == 0; i++) {
+		size_t len = whole_sizes[(size_t)(i + w->id) % (sizeof(whole_sizes) / sizeof(whole_sizes[0]))];
+		whole_fill(buf, len, w->id, i);
+		snprintf(path, sizeof(path), "%s/w%d.%d", it_dir(), w->id, i);
+		w->rc = sbx_write_file_buf(w->c, NULL, path, 0, SBX_MODE_KEEP, buf, len, NULL, &w->err);
+	}
+	return NULL;
+}
+
+static int case_whole_writes(void)
+{
+	struct sbx_client *c = start("shim", NULL);
+	struct whole_writer w[4];
+	pthread_t th[4];
+	for (int t = 0; t < 4; t++) {
+		w[t] = (struct whole_writer){.c = c, .id = t};
+		CHECK(pthread_create(&th[t], NULL, whole_thread, &w[t]) == 0);
+	}
+	for (int t = 0; t < 4; t++) {
+		CHECK(pthread_join(th[t], NULL) == 0);
+		CHECK_SBX(w[t].rc, &w[t].err);
+	}
+	static uint8_t want[100000];
+	char path[PATH_MAX];
+	for (int t = 0; t < 4; t++) {
+		for (int i = 0; i < 40; i++) {
+			size_t len = whole_sizes[(size_t)(i + t) % (sizeof(whole_sizes) / sizeof(whole_sizes[0]))];
+			whole_fill(want, len, t, i);
+			snprintf(path, sizeof(path), "%s/w%d.%d", it_dir(), t, i);
+			check_local(path, want, len);
+		}
+	}
+	CHECK_EQ(count_temps(it_dir()), 0);
+
+	/* a token fired before the call: ECANCELED, the file as it was */
+	const char *old = make_old();
+	struct sbx_cancel *tok = sbx_cancel_new();
+	CHECK(tok != NULL);
+	sbx_cancel_fire(tok);
+	struct sbx_call_opts o = SBX_CALL_OPTS_INIT;
+	o.cancel = tok;
+	struct sbx_error err;
+	CHECK(sbx_write_file_buf(c, &o, old, 0, SBX_MODE_KEEP, "never", 5, NULL, &err) < 0);
+	CHECK_ERR(&err, SBX_ERR_LOCAL, ECANCELED);
+	sbx_cancel_free(tok);
+	check_local(old, old_data, sizeof(old_data));
+
+	/* refused at the open, DATA already sent: the error, then the next write works */
+	for (int i = 0; i < 3; i++) {
+		CHECK(sbx_write_file_buf(c, NULL, old, SBX_WRITE_EXCLUSIVE, SBX_MODE_KEEP, "excl", 4, NULL, &err) < 0);
+		CHECK_ERR(&err, SBX_ERR_REMOTE, EEXIST);
+		check_local(old, old_data, sizeof(old_data));
+	}
+	struct sbx_stat st = SBX_STAT_INIT;
+	CHECK_SBX(sbx_write_file_buf(c, NULL, old, 0, SBX_MODE_KEEP, "after", 5, &st, &err), &err);
+	CHECK_EQ(st.size, 5);
+	check_local(old, "after", 5);
+	CHECK_EQ(count_temps(it_dir()), 0);
+	wait_streams_idle(c);
+	sbx_client_close(c);
+	return 0;
+}
+
+/* The spare journal entries of a daemon that died (SIGKILL) are removed by the next
+ * daemon's start; a live daemon's spare entry removed by another daemon's start (it
+ * is not locked while spare) is made anew. */
+static int case_journal_spares(void)
+{
+	struct it_daemon *d;
+	struct sbx_client *c = start("shim", &d);
+	char journal[PATH_MAX], idle[PATH_MAX];
+	snprintf(journal, sizeof(journal), "%s", it_path("shim.state/pending-writes"));
+	snprintf(idle, sizeof(idle), "%s", it_path("shim.state/pending-writes.idle"));
+	struct sbx_error err;
+	char path[PATH_MAX];
+	/* writes in parallel: more than one spare entry */
+	struct sbx_client *cs[4];
+	for (int i = 0; i < 4; i++)
+		cs[i] = it_connect(it_unix_target(it_path("shim.sock")), NULL);
+	struct slow_source src[4];
+	struct writer w[4];
+	char paths[4][PATH_MAX];
+	pthread_t th[4];
+	for (int i = 0; i < 4; i++) {
+		snprintf(paths[i], sizeof(paths[i]), "%s/par%d", it_dir(), i);
+		src[i] = (struct slow_source){.first = 10 * KiB, .then = 3};
+		w[i] = (struct writer){.c = cs[i], .path = paths[i], .src = &src[i]};
+		CHECK(pthread_create(&th[i], NULL, writer_thread, &w[i]) == 0);
+	}
+	wait_temps(it_dir(), 4, 5000);
+	CHECK_EQ(count_entries(journal), 4);
+	for (int i = 0; i < 4; i++)
+		src[i].go = 1;
+	for (int i = 0; i < 4; i++) {
+		CHECK(pthread_join(th[i], NULL) == 0);
+		CHECKF(w[i].rc == 0, "write %d: %s", i, it_errstr(&w[i].err));
+		sbx_client_close(cs[i]);
+	}
+	CHECK_EQ(count_entries(journal), 0);
+	int spares = count_entries(idle);
+	CHECKF(spares >= 1 && spares <= 4, "%d spare entries", spares);
+
+	/* a longer path, then a shorter one: the entry names exactly the new temp file */
+	snprintf(path, sizeof(path), "%s/a-rather-long-name-for-a-file-to-write", it_dir());
+	CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "x", 1, NULL, &err), &err);
+	char shortp[PATH_MAX];
+	snprintf(shortp, sizeof(shortp), "%s", it_path("s"));
+	for (int k = 0; k < 4; k++) {
+		struct slow_source ss = {.first = 10 * KiB, .then = 1};
+		struct writer sw = {.c = c, .path = shortp, .src = &ss};
+		pthread_t t;
+		CHECK(pthread_create(&t, NULL, writer_thread, &sw) == 0);
+		wait_temps(it_dir(), 1, 5000);
+		DIR *dd = opendir(journal);
+		CHECK(dd != NULL);
+		struct dirent *e;
+		char ent[PATH_MAX + 300] = "";
+		while ((e = readdir(dd)) != NULL)
+			if (e->d_name[0] != '.')
+				snprintf(ent, sizeof(ent), "%s/%s", journal, e->d_name);
+		closedir(dd);
+		CHECK(ent[0] != '\0');
+		size_t elen = 0;
+		uint8_t *text = slurp(ent, &elen);
+		CHECK(text != NULL);
+		char want[PATH_MAX + 300];
+		char real[PATH_MAX];
+		CHECK(realpath(it_dir(), real) != NULL);
+		DIR *td = opendir(it_dir());
+		CHECK(td != NULL);
+		char tmpname[256] = "";
+		while ((e = readdir(td)) != NULL)
+			if (is_temp_name(e->d_name))
+				snprintf(tmpname, sizeof(tmpname), "%s", e->d_name);
+		closedir(td);
+		snprintf(want, sizeof(want), "%s/%s\n", real, tmpname);
+		CHECKF(elen == strlen(want) && memcmp(text, want, elen) == 0, "the entry holds '%.*s', not '%s'",
+		       (int)elen, (char *)text, want);
+		free(text);
+		ss.go = 1;
+		CHECK(pthread_join(t, NULL) == 0);
+		CHECKF(sw.rc == 0, "%s", it_errstr(&sw.err));
+	}
+
+	/* another daemon starting on the state dir removes the spares (not locked) */
+	struct it_daemon *d2 = it_daemon_start("other", "--listen", it_unix_target(it_path("other.sock")),
+					       "--state-dir", it_path("shim.state"), NULL);
+	CHECK_EQ(count_entries(idle), 0);
+	/* and the first daemon's next writes do without them */
+	for (int i = 0; i < 3; i++) {
+		CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "again", 5, NULL, &err), &err);
+		check_local(path, "again", 5);
+		CHECK_EQ(count_entries(journal), 0);
+		CHECK_EQ(count_entries(idle), 1);
+	}
+	CHECK_EQ(it_daemon_stop(d2), 0);
+	CHECK_EQ(count_entries(idle), 1); /* (the first daemon's, still alive) */
+
+	/* SIGKILL: its spare entry is left, and removed by the next start */
+	sbx_client_close(c);
+	CHECK(kill(d->pid, SIGKILL) == 0);
+	CHECK(it_daemon_wait_exit(d, 5000));
+	CHECK_EQ(count_entries(idle), 1);
+	struct it_daemon *d3 = it_daemon_start("shim3", "--listen", it_unix_target(it_path("shim3.sock")),
+					       "--state-dir", it_path("shim.state"), NULL);
+	CHECK_EQ(count_entries(idle), 0);
+	check_local(path, "again", 5);
+	CHECK_EQ(it_daemon_stop(d3), 0);
+	return 0;
+}
+
 /* SIGKILL in the middle of a write: the temp file stays, the next start removes it. */
 static int case_sigkill_write(void)
 {
@@ -1687,6 +2096,9 @@ int main(int argc, char **argv)
 		{"nonseekable", case_nonseekable},
 		{"cancel_write", case_cancel_write},
 		{"disconnect_write", case_disconnect_write},
+		{"small_writes", case_small_writes},
+		{"whole_writes", case_whole_writes},
+		{"journal_spares", case_journal_spares},
 		{"sigkill_write", case_sigkill_write},
 		{"shared_state", case_shared_state},
 		{"parallel", case_parallel},
