@@ -64,24 +64,25 @@ void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_
 /* How long a frame whose call timed out half-way through writing it may take to finish. */
 #define FINISH_FRAME_MS 5000
 
-/* Write one frame; the caller holds wmu. */
-static int send_locked(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
-		       uint64_t deadline, struct sbx_error *err)
+/* Write one frame, behind the prelen bytes of whole frames at pre (none: 0) in the same
+ * write; the caller holds wmu. */
+static int send_locked(struct sbx_client *c, const uint8_t *pre, size_t prelen, uint32_t stream, uint8_t type,
+		       uint8_t flags, const void *p, size_t len, uint64_t deadline, struct sbx_error *err)
 {
 	uint8_t hdr[FRAME_HDR_LEN];
 	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type, .flags = flags};
 	frame_put_hdr(hdr, &h);
-	struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)(uintptr_t)p, len}};
-	size_t total = sizeof(hdr) + len, sent = 0;
+	struct iovec iov[3] = {{(void *)(uintptr_t)pre, prelen}, {hdr, sizeof(hdr)}, {(void *)(uintptr_t)p, len}};
+	size_t total = prelen + sizeof(hdr) + len, sent = 0;
 	struct sbx_error e;
 	bool broken = false, late = false;
 
 	sbx__trace_frame(c, ">", &h, p);
 	while (sent < total) {
-		struct iovec v[2];
+		struct iovec v[3];
 		int n = 0;
 		size_t skip = sent;
-		for (int i = 0; i < 2; i++) {
+		for (int i = 0; i < 3; i++) {
 			if (skip >= iov[i].iov_len) {
 				skip -= iov[i].iov_len;
 				continue;
@@ -150,7 +151,28 @@ int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags
 	      uint64_t deadline, struct sbx_error *err)
 {
 	pthread_mutex_lock(&c->wmu);
-	int rc = send_locked(c, stream, type, flags, p, len, deadline, err);
+	int rc = send_locked(c, NULL, 0, stream, type, flags, p, len, deadline, err);
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
+}
+
+int sbx__send_granting(struct call *k, uint32_t grant, uint8_t type, uint8_t flags, const void *p, size_t len,
+		       uint64_t deadline, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	uint8_t win[FRAME_HDR_LEN + 4];
+	struct frame_hdr h = {.len = 4, .stream = k->id, .type = FRAME_WINDOW};
+	if (grant > 0) {
+		/* counted before it is sent: DATA using it cannot arrive earlier */
+		pthread_mutex_lock(&c->mu);
+		k->recv_credit += grant;
+		pthread_mutex_unlock(&c->mu);
+		frame_put_hdr(win, &h);
+		frame_put_u32(win + FRAME_HDR_LEN, grant);
+		sbx__trace_frame(c, ">", &h, win + FRAME_HDR_LEN);
+	}
+	pthread_mutex_lock(&c->wmu);
+	int rc = send_locked(c, win, grant > 0 ? sizeof(win) : 0, k->id, type, flags, p, len, deadline, err);
 	pthread_mutex_unlock(&c->wmu);
 	return rc;
 }
@@ -165,7 +187,24 @@ int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadli
 	k->id = c->next_id;
 	c->next_id += 2;
 	pthread_mutex_unlock(&c->mu);
-	int rc = send_locked(c, k->id, FRAME_REQUEST, 0, p, len, deadline, err);
+	int rc = send_locked(c, NULL, 0, k->id, FRAME_REQUEST, 0, p, len, deadline, err);
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
+}
+
+int sbx__send_request_data(struct call *k, uint8_t *req, size_t len, uint8_t flags, const void *p, size_t plen,
+			   uint64_t deadline, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->wmu);
+	pthread_mutex_lock(&c->mu);
+	k->id = c->next_id;
+	c->next_id += 2;
+	pthread_mutex_unlock(&c->mu);
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = k->id, .type = FRAME_REQUEST};
+	frame_put_hdr(req, &h);
+	sbx__trace_frame(c, ">", &h, req + FRAME_HDR_LEN);
+	int rc = send_locked(c, req, FRAME_HDR_LEN + len, k->id, FRAME_DATA, flags, p, plen, deadline, err);
 	pthread_mutex_unlock(&c->wmu);
 	return rc;
 }
@@ -437,9 +476,10 @@ SBX_API void sbx_cancel_free(struct sbx_cancel *t)
 
 /* ---- the generic request path ---- */
 
-/* Open a stream with a REQUEST carrying req. */
-struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
-				struct sbx_error *err)
+/* Open a stream with a REQUEST carrying req, and with data the DATA frame (len bytes,
+ * flags) that follows it in the same write. */
+static struct call *start_request(struct sbx_client *c, const Shim__V1__Request *req, bool with_data, uint8_t flags,
+				  const void *data, size_t len, uint64_t deadline, struct sbx_error *err)
 {
 	struct call *k = sbx__call_new(c, true);
 	if (k == NULL) {
@@ -448,14 +488,23 @@ struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *r
 	}
 	size_t n = shim__v1__request__get_packed_size(req);
 	uint8_t small[512];
-	uint8_t *buf = n <= sizeof(small) ? small : malloc(n);
+	uint8_t *buf = n + FRAME_HDR_LEN <= sizeof(small) ? small : malloc(n + FRAME_HDR_LEN);
 	if (buf == NULL) {
 		sbx__call_free(k);
 		sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
 		return NULL;
 	}
-	shim__v1__request__pack(req, buf);
-	int rc = sbx__send_request(k, buf, n, deadline, err);
+	shim__v1__request__pack(req, buf + FRAME_HDR_LEN);
+	int rc;
+	if (with_data) {
+		/* counted before it is sent, as by any sender of DATA */
+		pthread_mutex_lock(&c->mu);
+		k->send_credit -= (int64_t)len;
+		pthread_mutex_unlock(&c->mu);
+		rc = sbx__send_request_data(k, buf, n, flags, data, len, deadline, err);
+	} else {
+		rc = sbx__send_request(k, buf + FRAME_HDR_LEN, n, deadline, err);
+	}
 	if (buf != small)
 		free(buf);
 	if (rc < 0) {
@@ -463,6 +512,18 @@ struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *r
 		return NULL;
 	}
 	return k;
+}
+
+struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
+				struct sbx_error *err)
+{
+	return start_request(c, req, false, 0, NULL, 0, deadline, err);
+}
+
+struct call *sbx__start_request_data(struct sbx_client *c, const Shim__V1__Request *req, uint8_t flags,
+				     const void *data, size_t len, uint64_t deadline, struct sbx_error *err)
+{
+	return start_request(c, req, true, flags, data, len, deadline, err);
 }
 
 /* Wait for the END of a call that sends nothing more, and decode its Result. */

@@ -135,6 +135,9 @@ SBX_API int sbx_info(struct sbx_client *c, const struct sbx_call_opts *opts, str
 	return 0;
 }
 
+/* An echo of up to this many bytes is sent with its REQUEST in one write. */
+#define ECHO_WHOLE_MAX (64u << 10)
+
 SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, const void *data, size_t len, void *out,
 		     struct sbx_error *err)
 {
@@ -147,15 +150,19 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 	Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
 	req.kind_case = SHIM__V1__REQUEST__KIND_ECHO;
 	req.echo = &er;
-	struct call *k = sbx__start_request(c, &req, deadline, err);
+	uint32_t chunk_max = c->max_frame < FRAME_DATA_CHUNK ? c->max_frame : FRAME_DATA_CHUNK;
+	/* a small one goes out whole with the REQUEST, in one write */
+	bool whole = len <= ECHO_WHOLE_MAX && len <= chunk_max && (int64_t)len <= c->peer_window;
+	struct call *k = whole ? sbx__start_request_data(c, &req, FRAME_FLAG_FIN, data, len, deadline, err) :
+				 sbx__start_request(c, &req, deadline, err);
 	if (k == NULL)
 		return -1;
 	const uint8_t *src = data;
 	uint8_t *dst = out;
-	size_t sent = 0, got = 0;
-	bool fin_sent = false, fin_got = false;
+	size_t sent = whole ? len : 0, got = 0;
+	uint32_t owed = 0; /* credit for the bytes that came back, not yet granted */
+	bool fin_sent = whole, fin_got = false;
 	int rc = 0;
-	uint32_t chunk_max = c->max_frame < FRAME_DATA_CHUNK ? c->max_frame : FRAME_DATA_CHUNK;
 	/* Send while we have credit, otherwise take in what came back: both directions
 	 * are bounded by their windows, so neither side buffers more than that. */
 	while (rc == 0 && (!fin_sent || !fin_got)) {
@@ -173,8 +180,10 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 				pthread_mutex_lock(&c->mu);
 				k->send_credit -= (int64_t)n;
 				pthread_mutex_unlock(&c->mu);
-				rc = sbx__send(c, k->id, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, src + sent, n, deadline,
-					       err);
+				/* the credit owed for what came back goes out in the same write */
+				rc = sbx__send_granting(k, owed, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, src + sent, n,
+							deadline, err);
+				owed = 0;
 				sent += n;
 				fin_sent = fin;
 				continue;
@@ -189,8 +198,12 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 					rc = sbx__fail(err, SBX_ERR_PROTOCOL, EPROTO, NULL, "echo stream ended early");
 				break;
 			}
-			rc = sbx__call_wait_for(k, SBX__WAIT_FRAME | (fin_sent ? 0 : SBX__WAIT_CREDIT), deadline, tok,
-						err);
+			/* before waiting, the shim gets the credit it may need to answer */
+			rc = sbx__call_grant(k, owed, deadline, err);
+			owed = 0;
+			if (rc == 0)
+				rc = sbx__call_wait_for(k, SBX__WAIT_FRAME | (fin_sent ? 0 : SBX__WAIT_CREDIT),
+							deadline, tok, err);
 			continue;
 		}
 		if (it->type == FRAME_DATA) {
@@ -202,7 +215,7 @@ SBX_API int sbx_echo(struct sbx_client *c, const struct sbx_call_opts *opts, con
 				if (it->flags & FRAME_FLAG_FIN)
 					fin_got = true;
 				else
-					rc = sbx__call_grant(k, it->len, deadline, err);
+					owed += it->len; /* granted with the next DATA, or before a wait */
 			}
 		}
 		sbx__rx_free(it);

@@ -8,7 +8,9 @@
 /* Extra credit granted to the shim for a read, on top of our initial window: with
  * 4 MiB in flight a read is bound by bandwidth, not by round trips. */
 #define READ_EXTRA_WINDOW (4u << 20)
-/* Credit goes back in batches of this much consumed data (fewer WINDOW frames). */
+/* A write of up to this many bytes from a buffer goes in one DATA frame with its FIN,
+ * in the same write as the REQUEST (when it fits the initial window). */
+#define SMALL_WRITE_MAX (64u << 10)
 
 static ProtobufCBinaryData pathb(const char *path)
 {
@@ -189,14 +191,19 @@ static int write_stream(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	uint8_t *buf = NULL;
 	if (source != NULL && (buf = malloc(chunk_max)) == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, path, "out of memory");
-	struct call *k = sbx__start_request(c, &req, deadline, err);
+	/* a small buffer goes out whole with the REQUEST: the shim gets both in one read */
+	bool whole = source == NULL && len <= SMALL_WRITE_MAX && len <= chunk_max && (int64_t)len <= c->peer_window;
+	if (whole && tok != NULL && sbx_cancel_fired(tok))
+		return sbx__fail(err, SBX_ERR_LOCAL, ECANCELED, path, "cancelled");
+	struct call *k = whole ? sbx__start_request_data(c, &req, FRAME_FLAG_FIN, data, len, deadline, err) :
+				 sbx__start_request(c, &req, deadline, err);
 	if (k == NULL) {
 		free(buf);
 		return -1;
 	}
 	int rc = 0;
 	size_t sent = 0;
-	for (;;) {
+	while (!whole) {
 		/* the shim may have refused already (EEXIST, ENOSPC...): stop sending */
 		if (sbx__call_done(k))
 			break;

@@ -83,6 +83,7 @@ struct sbx_client {
 	uint32_t part_stream;
 	uint32_t part_got; /* payload bytes in part->data so far */
 	bool rx_bulk;      /* the last read brought such frames: read the next one so too */
+	bool rx_drained;   /* the last read emptied the socket: wait before the next one */
 	uint32_t next_id;
 	uint64_t next_ping;
 	struct call *calls;
@@ -160,8 +161,17 @@ struct call *sbx__call_new(struct sbx_client *c, bool stream);
 /* Send one frame (header + payload) under the write lock; -1 with err. */
 int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
 	      uint64_t deadline, struct sbx_error *err);
+/* A frame on k's stream with, when grant > 0, a WINDOW of grant written before it in the
+ * same write (the credit is counted first, as by sbx__call_grant()). */
+int sbx__send_granting(struct call *k, uint32_t grant, uint8_t type, uint8_t flags, const void *p, size_t len,
+		       uint64_t deadline, struct sbx_error *err);
 /* Take the call's stream id and send its REQUEST, atomically. */
 int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err);
+/* The same, with one DATA frame (plen bytes at p, flags) behind the REQUEST in the same
+ * write: req holds FRAME_HDR_LEN bytes of room for the REQUEST's header, then its len
+ * bytes of payload. The caller took the DATA's credit already. */
+int sbx__send_request_data(struct call *k, uint8_t *req, size_t len, uint8_t flags, const void *p, size_t plen,
+			   uint64_t deadline, struct sbx_error *err);
 /* What sbx__call_wait_for() waits for. The call's end (END or ERROR, or the connection
  * died) always ends the wait too: it returns 0 then (the caller sees the end through
  * sbx__call_done()) unless END_ERR or END_FAILS say otherwise. */
@@ -238,6 +248,11 @@ void sbx__stat_from(struct sbx_stat *out, const Shim__V1__FileStat *f);
  * (DATA and EVENTs are discarded). */
 struct call *sbx__start_request(struct sbx_client *c, const Shim__V1__Request *req, uint64_t deadline,
 				struct sbx_error *err);
+/* The same with the stream's only DATA (len bytes at data, flags: FIN) in the same write,
+ * its credit taken (len must fit the initial window): REQUEST and DATA reach the shim
+ * together. */
+struct call *sbx__start_request_data(struct sbx_client *c, const Shim__V1__Request *req, uint8_t flags,
+				     const void *data, size_t len, uint64_t deadline, struct sbx_error *err);
 Shim__V1__Result *sbx__wait_result(struct call *k, uint64_t deadline, struct sbx_cancel *tok, struct sbx_error *err);
 /* A file operation's user, group and resolve flags from opts into req->fs (pointing at
  * *fs); nothing (no fs field: the request as before) when opts names none. -1 with

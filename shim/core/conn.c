@@ -573,7 +573,10 @@ static void out_trim(struct conn *c)
 
 #define DIRECT_FRAMES 16
 
-size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy)
+/* stream_send_direct(), and with grant a WINDOW handing back the credit of the payload
+ * consumed, written behind the DATA in the same writev (queued when the socket takes
+ * less). */
+static size_t send_direct(struct stream *st, const void *buf, size_t len, bool grant, bool *busy)
 {
 	struct conn *c = st->conn;
 	*busy = false;
@@ -596,11 +599,12 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 	out_trim(c);
 	if (out_reserve(c, FRAME_HDR_LEN + chunk) < 0)
 		return 0;
-	uint8_t hdr[DIRECT_FRAMES][FRAME_HDR_LEN];
-	struct iovec iov[2 * DIRECT_FRAMES];
-	size_t flen[DIRECT_FRAMES];
+	uint8_t hdr[DIRECT_FRAMES + 1][FRAME_HDR_LEN];
+	struct iovec iov[2 * (DIRECT_FRAMES + 1)];
+	size_t flen[DIRECT_FRAMES + 1];
 	int nf = 0;
 	const uint8_t *p = buf;
+	size_t planned = 0;
 	for (size_t off = 0; off < len && nf < DIRECT_FRAMES; nf++) {
 		size_t n = len - off < chunk ? len - off : chunk;
 		struct frame_hdr h = {.len = (uint32_t)n, .stream = st->id, .type = FRAME_DATA};
@@ -609,6 +613,20 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 		iov[2 * nf + 1] = (struct iovec){(void *)(p + off), n};
 		flen[nf] = n;
 		off += n;
+		planned = off;
+	}
+	/* the WINDOW, if any, is the last "frame": its payload is not DATA */
+	int ndata = nf;
+	uint8_t win[4];
+	grant = grant && !st->client_fin;
+	if (grant) {
+		struct frame_hdr h = {.len = sizeof(win), .stream = st->id, .type = FRAME_WINDOW};
+		frame_put_hdr(hdr[nf], &h);
+		frame_put_u32(win, (uint32_t)planned);
+		iov[2 * nf] = (struct iovec){hdr[nf], FRAME_HDR_LEN};
+		iov[2 * nf + 1] = (struct iovec){win, sizeof(win)};
+		flen[nf] = sizeof(win);
+		nf++;
 	}
 	ssize_t w;
 	do
@@ -626,9 +644,13 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 		return 0;
 	}
 	size_t used = 0, left = (size_t)w;
+	bool granted = false;
 	for (int i = 0; i < nf && left > 0; i++) {
 		size_t fl = FRAME_HDR_LEN + flen[i];
-		used += flen[i];
+		if (i < ndata)
+			used += flen[i];
+		else
+			granted = true; /* begun: it is finished from the queue */
 		if (left >= fl) {
 			left -= fl;
 			continue;
@@ -654,7 +676,23 @@ size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *
 	}
 	out_trim(c);
 	st->send_credit -= (int64_t)used;
+	if (grant) {
+		if (granted)
+			st->recv_left += (uint32_t)used;
+		else
+			stream_grant(st, (uint32_t)used); /* the socket stopped in the DATA */
+	}
 	return used;
+}
+
+size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy)
+{
+	return send_direct(st, buf, len, false, busy);
+}
+
+size_t stream_send_direct_grant(struct stream *st, const void *buf, size_t len, bool *busy)
+{
+	return send_direct(st, buf, len, true, busy);
 }
 
 void stream_wait_writable(struct stream *st)
@@ -965,10 +1003,37 @@ static int handle_frame(struct conn *c, const struct frame_hdr *h, const uint8_t
 	return 0;
 }
 
+/* An unfinished frame at least this big is left where it is, when it fits there, rather
+ * than moved to the front of the buffer (a DATA frame read across two reads would be
+ * copied once more in the daemon). */
+#define IN_KEEP_MIN (4u << 10)
+/* A buffer grown for a big frame takes room for two such frames (up to this size), so
+ * that the next one read behind it mostly fits in place too. */
+#define IN_PAIR_MAX (2u * CHUNK_MIN)
+
+/* After process_input() handled the frames before off: keep the rest, an unfinished
+ * frame of want bytes in all (0: not known yet), in place or at the front. */
+static void in_keep(struct conn *c, size_t off, size_t want)
+{
+	size_t rest = c->inlen - off;
+	if (rest == 0) {
+		c->inlen = c->inoff = 0;
+		return;
+	}
+	if (want != 0 && rest >= IN_KEEP_MIN && off + want <= c->incap) {
+		c->inoff = off;
+		return;
+	}
+	if (off > 0)
+		memmove(c->in, c->in + off, rest);
+	c->inlen = rest;
+	c->inoff = 0;
+}
+
 /* Parse and handle every whole frame in c->in; keep the unfinished tail. */
 static void process_input(struct conn *c)
 {
-	size_t off = 0;
+	size_t off = c->inoff, want = 0;
 	while ((c->state == CONN_HELLO || c->state == CONN_READY) && c->doomed == NULL) {
 		struct frame_hdr h;
 		enum frame_status fs = frame_check(c->in + off, c->inlen - off, c->max_frame, &h);
@@ -981,18 +1046,20 @@ static void process_input(struct conn *c)
 		}
 		if (fs == FRAME_NEED_MORE) {
 			/* make room for the whole frame (its length is already checked) */
-			if (c->inlen - off >= FRAME_HDR_LEN && FRAME_HDR_LEN + (size_t)h.len > c->incap) {
-				size_t need = FRAME_HDR_LEN + (size_t)h.len;
+			if (c->inlen - off >= FRAME_HDR_LEN)
+				want = FRAME_HDR_LEN + (size_t)h.len;
+			if (want > c->incap) {
+				size_t cap = want <= IN_PAIR_MAX / 2 ? 2 * want : want;
 				memmove(c->in, c->in + off, c->inlen - off);
 				c->inlen -= off;
-				off = 0;
-				uint8_t *n = realloc(c->in, need);
+				c->inoff = off = 0;
+				uint8_t *n = realloc(c->in, cap);
 				if (n == NULL) {
 					conn_close(c, "out of memory");
 					return;
 				}
 				c->in = n;
-				c->incap = need;
+				c->incap = cap;
 			}
 			break;
 		}
@@ -1012,10 +1079,7 @@ static void process_input(struct conn *c)
 			return;
 		off += FRAME_HDR_LEN + h.len;
 	}
-	if (off > 0) {
-		memmove(c->in, c->in + off, c->inlen - off);
-		c->inlen -= off;
-	}
+	in_keep(c, off, want);
 }
 
 void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
@@ -1032,7 +1096,10 @@ void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
 	}
 }
 
-/* Read what the peer has sent (up to 8 reads) and handle the whole frames. */
+/* Read what the peer has sent (up to 8 reads) and handle the whole frames. A read that
+ * took less than the room it had emptied the socket: the next one would only say
+ * EAGAIN, so it is left to the loop (its epoll is level-triggered: bytes that come
+ * meanwhile wake it at once). A ping costs one read, not two. */
 static void conn_read_input(struct conn *c)
 {
 	for (int rounds = 0; rounds < 8; rounds++) {
@@ -1043,7 +1110,19 @@ static void conn_read_input(struct conn *c)
 			ev_io_stop(c->srv->loop, &c->rio);
 			return;
 		}
-		ssize_t n = read(c->rfd, c->in + c->inlen, c->incap - c->inlen);
+		size_t room = c->incap - c->inlen;
+		/* a big unfinished frame: read up to its end, so that the buffer is empty
+		 * once it is handled and no part of the next frame has to be moved */
+		size_t pend = c->inlen - c->inoff;
+		if (pend >= FRAME_HDR_LEN) {
+			struct frame_hdr h;
+			size_t want = 0;
+			if (frame_check(c->in + c->inoff, pend, c->max_frame, &h) == FRAME_NEED_MORE)
+				want = FRAME_HDR_LEN + (size_t)h.len;
+			if (want >= IN_KEEP_MIN && want - pend < room)
+				room = want - pend;
+		}
+		ssize_t n = read(c->rfd, c->in + c->inlen, room);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -1053,7 +1132,7 @@ static void conn_read_input(struct conn *c)
 			return;
 		}
 		if (n == 0) {
-			if (c->inlen > 0) {
+			if (c->inlen > c->inoff) {
 				/* best effort: the peer may still read after closing its write side */
 				struct shim_err e;
 				err_set(&e, EPROTO, NULL, "connection closed in the middle of a frame");
@@ -1073,6 +1152,8 @@ static void conn_read_input(struct conn *c)
 		c->ping_out = false;
 		c->inlen += (size_t)n;
 		process_input(c);
+		if ((size_t)n < room)
+			return;
 	}
 }
 

@@ -75,6 +75,7 @@ struct conn {
 
 	uint8_t *in;
 	size_t inlen, incap;
+	size_t inoff; /* where the bytes not handled yet begin (process_input) */
 
 	struct obuf_chunk *out_head, *out_tail;
 	size_t outlen;
@@ -137,6 +138,10 @@ void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t
  * registered for writable(), as by stream_wait_writable), else use stream_can_send()
  * and stream_send_data() (other output queued: streams take turns; or no credit). */
 size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy);
+/* The same, for a producer that hands the client back the credit of what it sends (an
+ * echo): stream_grant() of the payload consumed, its WINDOW written behind the DATA in
+ * the same writev (none once the client sent FIN). */
+size_t stream_send_direct_grant(struct stream *st, const void *buf, size_t len, bool *busy);
 /* Ask for a writable() call when room appears. */
 void stream_wait_writable(struct stream *st);
 /* Memory a producer fills before the bytes are DATA (a read's buffer): up to want

@@ -150,6 +150,29 @@ static void echo_pump(struct op *op)
 static int echo_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
 	struct echo *e = op->data;
+	if (e->len == 0 && len > 0) {
+		/* Nothing of ours waits: the bytes go back from the input buffer. When the
+		 * output is empty they are written straight to the client with the WINDOW
+		 * that gives their credit back (no copy at all), else queued from here (one
+		 * copy, none into e->buf); only what finds no room is kept. */
+		struct stream *st = op->st;
+		bool busy;
+		size_t n = stream_send_direct_grant(st, buf, len, &busy), q = 0;
+		while (n + q < len) {
+			size_t m = stream_can_send(st);
+			if (m == 0)
+				break;
+			if (m > len - n - q)
+				m = len - n - q;
+			stream_send_data(st, buf + n + q, m, false);
+			q += m;
+		}
+		if (q > 0)
+			stream_grant(st, (uint32_t)q);
+		e->total += n + q;
+		buf += n + q;
+		len -= n + q;
+	}
 	if (e->len + len > e->cap) {
 		/* cannot happen with a client that keeps to its credit (checked by conn) */
 		return err_set(err, ENOBUFS, NULL, "echo buffer full");

@@ -7,10 +7,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -535,6 +537,181 @@ static int case_credit_exec(void)
 	return 0;
 }
 
+/* Write len bytes of a frame's wire form (header, payload) as they are, in one piece. */
+static void send_bytes(int fd, const uint8_t *buf, size_t len)
+{
+	for (size_t off = 0; off < len;) {
+		ssize_t w = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		CHECKF(w > 0, "send: %s", strerror(errno));
+		off += (size_t)w;
+	}
+}
+
+/* The echo's paths through the daemon, at the frame level: bytes written straight back
+ * from its input with their WINDOW (an idle output), queued behind a socket the client
+ * does not read (the shim's writes come short, the rest of a frame is queued), kept in
+ * its buffer when the output is full; frames of every size, and frames that arrive in
+ * pieces (the input kept in place across reads). Every byte comes back in order, the
+ * WINDOWs hand back exactly the credit used, and the END counts them all. (The client
+ * gives back the credit of what it read, keeping the daemon's at one window.) */
+static int case_echo_paths(void)
+{
+	const char *sock = it_path("s");
+	struct it_daemon *d = it_daemon_start("shim", "--listen", it_unix_target(sock), NULL);
+	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	int r = raw_connect_unix(sock);
+	raw_hello(r, NULL);
+	raw_request_echo(r, 1);
+	static uint8_t buf[256 << 10];
+	it_fill(buf, sizeof(buf), 21);
+	uint64_t total = 0;
+
+	/* 1: one frame at a time, read back at once (the output idle: written straight) */
+	static const size_t one[] = {1, 4095, 4096, 65536, 12, 65535, 3};
+	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++) {
+		raw_send(r, 1, FRAME_DATA, 0, buf, one[i]);
+		read_echo(r, 1, buf, one[i]);
+		send_window(r, 1, (uint32_t)one[i]);
+		total += one[i];
+	}
+
+	/* 2: the whole window of four echo streams sent unread, more than the daemon's
+	 * socket holds: its writes come short or not at all, the rest of a frame waits in
+	 * its output, DATA is queued behind it and the rest in the echo buffers */
+	enum { NS = 4 };
+	static const size_t sizes[] = {65536, 1, 30000, 65536, 7, 65536};
+	size_t each = 0;
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+		each += sizes[i];
+	CHECK(each <= sizeof(buf));
+	for (uint32_t k = 1; k < NS; k++)
+		raw_request_echo(r, 1 + 2 * k);
+	for (size_t i = 0, off = 0; i < sizeof(sizes) / sizeof(sizes[0]); off += sizes[i++])
+		for (uint32_t k = 0; k < NS; k++)
+			raw_send(r, 1 + 2 * k, FRAME_DATA, 0, buf + off, sizes[i]);
+	size_t got[NS] = {0}, granted[NS] = {0};
+	for (;;) {
+		bool all = true;
+		for (uint32_t k = 0; k < NS; k++)
+			all = all && got[k] == each && granted[k] == each;
+		if (all)
+			break;
+		struct frame_hdr fh;
+		uint8_t *fp;
+		CHECKF(raw_recv(r, &fh, &fp, 5000) == 1, "EOF while reading the echoes");
+		uint32_t k = (fh.stream - 1) / 2;
+		CHECKF(fh.stream % 2 == 1 && k < NS, "a frame on stream %u", fh.stream);
+		if (fh.type == FRAME_DATA) {
+			CHECK(got[k] + fh.len <= each);
+			CHECK(memcmp(fp, buf + got[k], fh.len) == 0);
+			got[k] += fh.len;
+		} else {
+			CHECKF(fh.type == FRAME_WINDOW && fh.len == 4, "unexpected %s frame", frame_type_name(fh.type));
+			granted[k] += frame_get_u32(fp);
+			CHECK(granted[k] <= got[k]);
+		}
+		free(fp);
+	}
+	for (uint32_t k = 0; k < NS; k++)
+		send_window(r, 1 + 2 * k, (uint32_t)each);
+	total += each;
+
+	/* 3: frames in pieces: a header alone, a payload cut anywhere, two frames in one
+	 * write with the second cut short; an info call between the pieces lets the
+	 * daemon read each piece on its own */
+	static uint8_t wire[2 * (FRAME_HDR_LEN + 40000)];
+	struct frame_hdr h = {.len = 40000, .stream = 1, .type = FRAME_DATA};
+	frame_put_hdr(wire, &h);
+	memcpy(wire + FRAME_HDR_LEN, buf, 40000);
+	frame_put_hdr(wire + FRAME_HDR_LEN + 40000, &h);
+	memcpy(wire + 2 * FRAME_HDR_LEN + 40000, buf + 40000, 40000);
+	static const size_t cuts[] = {5, FRAME_HDR_LEN, 1000, 30000, 40000 + FRAME_HDR_LEN + 100, sizeof(wire)};
+	size_t at = 0;
+	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+		send_bytes(r, wire + at, cuts[i] - at);
+		at = cuts[i];
+		info_of(c);
+	}
+	read_echo(r, 1, buf, 80000);
+	total += 80000;
+
+	/* the end: FIN, the FIN echoed, END with the count */
+	raw_send(r, 1, FRAME_DATA, FRAME_FLAG_FIN, NULL, 0);
+	uint8_t *p;
+	CHECK(raw_recv(r, &h, &p, 5000) == 1);
+	CHECKF(h.type == FRAME_DATA && h.stream == 1 && h.len == 0 && (h.flags & FRAME_FLAG_FIN),
+	       "got %s (%u bytes, flags %#x) instead of the FIN", frame_type_name(h.type), h.len, h.flags);
+	free(p);
+	CHECK(raw_recv(r, &h, &p, 5000) == 1);
+	CHECKF(h.type == FRAME_END && h.stream == 1, "got %s instead of END", frame_type_name(h.type));
+	Shim__V1__Result *res = shim__v1__result__unpack(NULL, h.len, p);
+	CHECK(res != NULL && res->kind_case == SHIM__V1__RESULT__KIND_ECHO);
+	CHECK_EQ(res->echo->bytes, total);
+	shim__v1__result__free_unpacked(res, NULL);
+	free(p);
+
+	close(r);
+	sbx_client_close(c);
+	it_daemon_stop(d);
+	return 0;
+}
+
+/* An echo of up to 64 KiB goes out with its REQUEST in one write (REQUEST, DATA with
+ * FIN): the exact bytes back on both sides of that limit, from threads sharing one
+ * client (several such pairs in one read of the daemon), and the connection alive. */
+struct whole_echo {
+	struct sbx_client *c;
+	int id, rc;
+	struct sbx_error err;
+};
+
+static const size_t whole_echo_sizes[] = {0, 1, 100, 4096, 65535, 65536, 65537, 200000};
+
+static void *whole_echo_thread(void *arg)
+{
+	struct whole_echo *w = arg;
+	static __thread uint8_t in[200000], out[200000];
+	size_t nsizes = sizeof(whole_echo_sizes) / sizeof(whole_echo_sizes[0]);
+	for (int i = 0; i < 64 && w->rc == 0; i++) {
+		size_t len = whole_echo_sizes[(size_t)(i + w->id) % nsizes];
+		it_fill(in, len, (uint64_t)w->id * 100 + (uint64_t)i);
+		memset(out, 0xee, len);
+		w->rc = sbx_echo(w->c, NULL, in, len, out, &w->err);
+		if (w->rc == 0 && memcmp(in, out, len) != 0) {
+			w->rc = -1;
+			snprintf(w->err.message, sizeof(w->err.message), "echo %d of %zu bytes came back different", i,
+				 len);
+		}
+	}
+	return NULL;
+}
+
+static int case_echo_whole(void)
+{
+	const char *sock = it_path("s");
+	struct it_daemon *d = it_daemon_start("shim", "--listen", it_unix_target(sock), NULL);
+	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	struct whole_echo w[4];
+	pthread_t th[4];
+	for (int t = 0; t < 4; t++) {
+		w[t] = (struct whole_echo){.c = c, .id = t};
+		CHECK(pthread_create(&th[t], NULL, whole_echo_thread, &w[t]) == 0);
+	}
+	for (int t = 0; t < 4; t++) {
+		CHECK(pthread_join(th[t], NULL) == 0);
+		CHECKF(w[t].rc == 0, "thread %d: %s", t, w[t].err.message);
+	}
+	uint8_t one[3] = {1, 2, 3}, back[3] = {0};
+	struct sbx_error err;
+	CHECK_SBX(sbx_echo(c, NULL, one, sizeof(one), back, &err), &err);
+	CHECK(memcmp(one, back, sizeof(one)) == 0);
+	sbx_client_close(c);
+	it_daemon_stop(d);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -545,6 +722,8 @@ int main(int argc, char **argv)
 		{"credit_watch", case_credit_watch},
 		{"credit_backup", case_credit_backup},
 		{"credit_exec", case_credit_exec},
+		{"echo_paths", case_echo_paths},
+		{"echo_whole", case_echo_whole},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
