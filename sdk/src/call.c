@@ -177,16 +177,21 @@ int sbx__send_granting(struct call *k, uint32_t grant, uint8_t type, uint8_t fla
 	return rc;
 }
 
-int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err)
+/* The id is taken and the REQUEST written under one lock (wmu, held by the caller):
+ * ids must reach the shim in increasing order, whatever the threads do. */
+static void take_id_locked(struct sbx_client *c, struct call *k)
 {
-	struct sbx_client *c = k->client;
-	/* The id is taken and the REQUEST written under one lock: ids must reach the
-	 * shim in increasing order, whatever the threads do. */
-	pthread_mutex_lock(&c->wmu);
 	pthread_mutex_lock(&c->mu);
 	k->id = c->next_id;
 	c->next_id += 2;
 	pthread_mutex_unlock(&c->mu);
+}
+
+int sbx__send_request(struct call *k, const void *p, size_t len, uint64_t deadline, struct sbx_error *err)
+{
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->wmu);
+	take_id_locked(c, k);
 	int rc = send_locked(c, NULL, 0, k->id, FRAME_REQUEST, 0, p, len, deadline, err);
 	pthread_mutex_unlock(&c->wmu);
 	return rc;
@@ -197,10 +202,7 @@ int sbx__send_request_data(struct call *k, uint8_t *req, size_t len, uint8_t fla
 {
 	struct sbx_client *c = k->client;
 	pthread_mutex_lock(&c->wmu);
-	pthread_mutex_lock(&c->mu);
-	k->id = c->next_id;
-	c->next_id += 2;
-	pthread_mutex_unlock(&c->mu);
+	take_id_locked(c, k);
 	struct frame_hdr h = {.len = (uint32_t)len, .stream = k->id, .type = FRAME_REQUEST};
 	frame_put_hdr(req, &h);
 	sbx__trace_frame(c, ">", &h, req + FRAME_HDR_LEN);

@@ -22,6 +22,7 @@ fi
 for lib in $needed; do
 	case $lib in
 	libev.so.* | libprotobuf-c.so.* | libcap.so.* | libseccomp.so.* | libc.so.* | libm.so.* | libzstd.so.*) ;;
+	libasan.so.* | libubsan.so.*) ;; # an ASan build (SHIM_SANITIZE)
 	*) fail "$BIN needs $lib at start (all it needs: $needed)" ;;
 	esac
 done
