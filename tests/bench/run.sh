@@ -10,6 +10,9 @@
 #   BENCH_TUNNEL_MIB=N   bytes bench_tunnel moves per run and direction, in MiB (default 256)
 #   BENCH_TUNNEL_CONNS=N connections per bench_tunnel connection-rate run (default 2000)
 #   BENCHES="bench_ping bench_echo"  run only these (default: all, in the order below)
+#   BENCH_CPU=N          run each benchmark (and the daemons and baselines it starts) on CPU N only:
+#                        in a VM, figures made of wake-ups (ping, exec, small writes) swing with
+#                        whether the other vCPU is idle; on one CPU they are stable
 #
 # Each benchmark prints one line per figure, with its same-run baseline and the ratio.
 set -euo pipefail
@@ -40,10 +43,20 @@ if [ -z "${SHIM_STATIC_BIN:-}" ] && [ -x "$ROOT/build-static/sandbox-shim" ]; th
 	export SHIM_STATIC_BIN="$ROOT/build-static/sandbox-shim"
 fi
 
-echo "---- benchmarks ($BUILD_DIR, $(grep -E '^CMAKE_BUILD_TYPE:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2), $(nproc) CPUs)"
+PIN=()
+where="$(nproc) CPUs"
+if [ -n "${BENCH_CPU:-}" ]; then
+	PIN=(taskset -c "$BENCH_CPU")
+	if ! "${PIN[@]}" true 2>/dev/null; then
+		echo "run.sh: BENCH_CPU=$BENCH_CPU: not a CPU this process may run on (0-$(($(nproc) - 1)))" >&2
+		exit 2
+	fi
+	where="on CPU $BENCH_CPU only"
+fi
+echo "---- benchmarks ($BUILD_DIR, $(grep -E '^CMAKE_BUILD_TYPE:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2), $where)"
 rc=0
 for b in "${BENCHES[@]}"; do
-	if ! "$BUILD_DIR/tests/bench/$b"; then
+	if ! "${PIN[@]}" "$BUILD_DIR/tests/bench/$b"; then
 		echo "$b: FAILED" >&2
 		rc=1
 	fi
