@@ -896,28 +896,36 @@ static int case_stdio(void)
 /* One connection whose reader stalls: the other keeps moving; the stalled one is held
  * back at its source and resumes intact. */
 #define BLAST (64u * MiB)
-static void blast_or_echo_fn(struct srv *s, int fd)
+/* A connection's first byte: 'E' echoes; anything else is sent total bytes (it_fill with
+ * seed, in sends of at most step), s->sent counting them. False for an echo. */
+static bool blast(struct srv *s, int fd, size_t total, size_t step, int seed)
 {
 	char kind;
 	if (recv(fd, &kind, 1, MSG_WAITALL) != 1)
-		return;
+		return false;
 	if (kind == 'E') {
 		echo_fn(s, fd);
-		return;
+		return false;
 	}
-	uint8_t *buf = malloc(BLAST);
+	uint8_t *buf = malloc(total);
 	CHECK(buf != NULL);
-	it_fill(buf, BLAST, 99);
+	it_fill(buf, total, seed);
 	size_t off = 0;
-	while (off < BLAST) {
-		ssize_t w = send(fd, buf + off, BLAST - off < 64 * KiB ? BLAST - off : 64 * KiB, MSG_NOSIGNAL);
+	while (off < total) {
+		ssize_t w = send(fd, buf + off, total - off < step ? total - off : step, MSG_NOSIGNAL);
 		if (w <= 0)
 			break;
 		off += (size_t)w;
 		atomic_store(&s->sent, (long)off);
 	}
-	shutdown(fd, SHUT_WR);
 	free(buf);
+	return true;
+}
+
+static void blast_or_echo_fn(struct srv *s, int fd)
+{
+	if (blast(s, fd, BLAST, 64 * KiB, 99))
+		shutdown(fd, SHUT_WR);
 }
 
 static int case_slow_reader(void)
@@ -1052,27 +1060,10 @@ static int case_splice_mixed(void)
 #define RESET_BLAST (8u * MiB)
 static void blast_then_reset_fn(struct srv *s, int fd)
 {
-	char kind;
-	if (recv(fd, &kind, 1, MSG_WAITALL) != 1)
+	if (!blast(s, fd, RESET_BLAST, RESET_BLAST, 33))
 		return;
-	if (kind == 'E') {
-		echo_fn(s, fd);
-		return;
-	}
-	uint8_t *buf = malloc(RESET_BLAST);
-	CHECK(buf != NULL);
-	it_fill(buf, RESET_BLAST, 33);
-	size_t off = 0;
-	while (off < RESET_BLAST) {
-		ssize_t w = send(fd, buf + off, RESET_BLAST - off, MSG_NOSIGNAL);
-		if (w <= 0)
-			break;
-		off += (size_t)w;
-		atomic_store(&s->sent, (long)off);
-	}
 	struct linger lg = {.l_onoff = 1, .l_linger = 0};
 	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-	free(buf);
 	/* srv_conn_main closes: RST */
 }
 
