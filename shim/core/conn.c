@@ -553,10 +553,20 @@ void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin)
 	stream_send_flagged(st, buf, len, fin ? FRAME_FLAG_FIN : 0);
 }
 
+/* The most payload one DATA frame of c carries. */
+static size_t data_chunk(const struct conn *c)
+{
+	return FRAME_DATA_CHUNK < c->max_frame ? FRAME_DATA_CHUNK : c->max_frame;
+}
+
 void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t flags)
 {
+	size_t chunk = data_chunk(st->conn);
+	const uint8_t *p = buf;
 	st->send_credit -= (int64_t)len;
-	conn_send(st->conn, st->id, FRAME_DATA, flags, buf, len);
+	for (; len > chunk; p += chunk, len -= chunk)
+		conn_send(st->conn, st->id, FRAME_DATA, flags & ~FRAME_FLAG_FIN, p, chunk);
+	conn_send(st->conn, st->id, FRAME_DATA, flags, p, len);
 }
 
 /* Drop emptied chunks from the head of the output (a reservation that was not used). */
@@ -591,7 +601,7 @@ static size_t send_direct(struct stream *st, const void *buf, size_t len, bool g
 		stream_wait_writable(st);
 		return 0;
 	}
-	size_t chunk = FRAME_DATA_CHUNK < c->max_frame ? FRAME_DATA_CHUNK : c->max_frame;
+	size_t chunk = data_chunk(c);
 	if ((uint64_t)st->send_credit < len)
 		len = (size_t)st->send_credit;
 	/* room for the rest of a frame the socket takes only part of, reserved before

@@ -125,7 +125,9 @@ void conn_feed(struct conn *c, const uint8_t *buf, size_t len);
 struct stream *stream_lookup(struct conn *c, uint32_t id);
 /* Start sending DATA: how much may go now (credit and connection room). */
 size_t stream_can_send(const struct stream *st);
-/* Queue DATA (len <= stream_can_send(), except len 0 with fin). */
+/* Queue DATA: len within the stream's credit (and the connection's room:
+ * stream_can_send()), split into frames of at most the frame size, fin on the last;
+ * len 0 with fin is FIN alone. */
 void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin);
 /* The same with DATA flags of the op's own (FRAME_FLAG_STDERR). */
 void stream_send_flagged(struct stream *st, const void *buf, size_t len, uint8_t flags);

@@ -425,12 +425,8 @@ static void tc_read(struct tconn *tc)
 			done = stream_send_direct(st, rbuf, (size_t)n, &busy);
 		}
 		/* the rest (all of it when not direct) is queued: within the credit */
-		size_t chunk = FRAME_DATA_CHUNK < st->conn->max_frame ? FRAME_DATA_CHUNK : st->conn->max_frame;
-		while (done < (size_t)n) {
-			size_t k = (size_t)n - done < chunk ? (size_t)n - done : chunk;
-			stream_send_data(st, rbuf + done, k, false);
-			done += k;
-		}
+		if (done < (size_t)n)
+			stream_send_data(st, rbuf + done, (size_t)n - done, false);
 		tc->bytes_out += (uint64_t)n;
 		if (tc->t != NULL)
 			tc->t->bytes_out += (uint64_t)n;
