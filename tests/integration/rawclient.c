@@ -23,7 +23,7 @@ int raw_connect_unix(const char *path)
 	return fd;
 }
 
-void raw_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len)
+bool raw_try_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len)
 {
 	uint8_t *buf = malloc(FRAME_HDR_LEN + len);
 	CHECK(buf != NULL);
@@ -36,10 +36,21 @@ void raw_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *
 		ssize_t w = send(fd, buf + off, FRAME_HDR_LEN + len - off, MSG_NOSIGNAL);
 		if (w < 0 && errno == EINTR)
 			continue;
+		if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+			free(buf);
+			return false;
+		}
 		CHECKF(w > 0, "send %s frame: %s", frame_type_name(type), strerror(errno));
 		off += (size_t)w;
 	}
 	free(buf);
+	return true;
+}
+
+void raw_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len)
+{
+	CHECKF(raw_try_send(fd, stream, type, flags, payload, len), "send %s frame: %s", frame_type_name(type),
+	       strerror(errno));
 }
 
 /* Read exactly len bytes; returns the count read before EOF. */

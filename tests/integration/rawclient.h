@@ -2,6 +2,7 @@
 #ifndef SBX_IT_RAWCLIENT_H
 #define SBX_IT_RAWCLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -11,6 +12,9 @@
 int raw_connect_unix(const char *path);
 /* Send one whole frame or fail the test. */
 void raw_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len);
+/* The same, false if the shim has closed the connection already (EPIPE, ECONNRESET):
+ * what it sent before closing can still be read. */
+bool raw_try_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len);
 /* Receive one whole frame within timeout_ms: 1 with *h and *payload (malloc'd, caller
  * frees), or 0 on a clean EOF before any byte of a frame. Anything else fails the test. */
 int raw_recv(int fd, struct frame_hdr *h, uint8_t **payload, unsigned timeout_ms);
