@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # startup_libs.sh: what the daemon loads at start (issue 21). The dynamic build links
-# libarchive, the compressors and nettle from their static archives: it needs only the shared
-# libraries of what every start uses (libev, libprotobuf-c, libcap, libseccomp, libc) and
+# libarchive, the compressors, nettle and the four small libraries every start uses (libev,
+# libprotobuf-c, libcap, libseccomp) from their static archives: it needs only libc and
 # libzstd (Debian's libzstd.a compresses on one thread only: see CMakeLists.txt), has no
 # runtime path (in the build tree CMake would pad one with empty entries: the current directory),
 # and carries only the archive writers it uses (no xar, hence no libxml2).
@@ -21,7 +21,7 @@ if [ -z "$needed" ]; then
 fi
 for lib in $needed; do
 	case $lib in
-	libev.so.* | libprotobuf-c.so.* | libcap.so.* | libseccomp.so.* | libc.so.* | libm.so.* | libzstd.so.*) ;;
+	libc.so.* | libm.so.* | libzstd.so.*) ;;
 	libasan.so.* | libubsan.so.*) ;; # an ASan build (SHIM_SANITIZE)
 	*) fail "$BIN needs $lib at start (all it needs: $needed)" ;;
 	esac
