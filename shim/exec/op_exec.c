@@ -31,7 +31,10 @@
  * (take_fg) or is cancelled; the request is read where it lies, op->req->exec. */
 struct exec {
 	struct proc *p;         /* a reference of the op's */
-	struct spawn_plan plan; /* made on a worker, forked on the loop */
+	struct spawn_plan plan; /* made and forked on a worker */
+	pid_t pid;              /* forked on the worker (0: not, or adopted by the proc) */
+	uint64_t forked_at;     /* mono_ns() before the fork, for reaper_watch_since() */
+	struct shim_err fork_err;
 };
 
 /* ---- messages ---- */
@@ -254,12 +257,18 @@ static void exec_cancel(struct op *op)
 	proc_abandon(p);
 }
 
-/* ---- preparing (worker) and forking (loop) ---- */
+/* ---- preparing and forking (worker), adopting the pid (loop) ---- */
 
+/* rc -1: not prepared (err). rc 0: forked (ex->pid), or the fork failed (ex->fork_err). */
 static int exec_prepare(struct op *op, struct shim_err *err)
 {
 	struct exec *ex = op->data;
-	return spawn_prepare(op->req->exec, &ex->plan, err);
+	if (spawn_prepare(op->req->exec, &ex->plan, err) < 0)
+		return -1;
+	ex->forked_at = mono_ns();
+	pid_t pid = spawn_fork(&ex->plan, &ex->fork_err);
+	ex->pid = pid > 0 ? pid : -1;
+	return 0;
 }
 
 /* It will not run: the error to the client, the process out of the table. */
@@ -278,12 +287,12 @@ static void exec_fork(struct op *op, int rc, const struct shim_err *err)
 		exec_not_started(op, err);
 		return;
 	}
-	struct shim_err fork_err;
-	pid_t pid = spawn_fork(&ex->plan, &fork_err);
+	pid_t pid = ex->pid;
+	ex->pid = 0;
 	if (pid < 0)
-		exec_not_started(op, &fork_err);
+		exec_not_started(op, &ex->fork_err);
 	else
-		proc_spawned(ex->p, pid, &ex->plan);
+		proc_spawned(ex->p, pid, &ex->plan, ex->forked_at);
 	/* what proc_spawned did not take (the child's ends, the cwd, argv) goes now, not
 	 * with the op at the command's end */
 	spawn_plan_free(&ex->plan);
@@ -305,6 +314,7 @@ static int exec_start(struct op *op, struct shim_err *err)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	spawn_plan_init(&ex->plan);
 	ex->p = NULL;
+	ex->pid = 0;
 	op->data = ex;
 	struct proc *p = proc_create(name, er->detach, err);
 	if (p == NULL)
@@ -328,6 +338,13 @@ static void exec_release(struct op *op)
 	struct exec *ex = op->data;
 	if (ex == NULL)
 		return;
+	if (ex->pid > 0 && ex->p != NULL) {
+		/* The stream went while the worker prepared and forked: the client never
+		 * learned of the command. Adopted all the same, so that it is killed (its
+		 * group, as exec_cancel does) and reaped like any other. */
+		proc_spawned(ex->p, ex->pid, &ex->plan, ex->forked_at);
+		proc_abandon(ex->p);
+	}
 	spawn_plan_free(&ex->plan);
 	if (ex->p != NULL) {
 		/* the stream went while the plan was made (pid 0: not forked, and now

@@ -835,7 +835,7 @@ static void errpipe_cb(struct ev_loop *loop, ev_io *w, int revents)
 	exec_result(p, n == (ssize_t)sizeof(f) ? &f : NULL);
 }
 
-void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl)
+void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl, uint64_t forked_at)
 {
 	p->pid = pid;
 	p->live = true;
@@ -847,7 +847,7 @@ void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl)
 		tab.live->lprev = p;
 	tab.live = p;
 	tab.n_live++;
-	if (reaper_watch(pid, reaped_cb, p) < 0) {
+	if (reaper_watch_since(pid, reaped_cb, p, forked_at) < 0) {
 		/* cannot happen short of memory; then the exit would never be seen */
 		log_error("process %s: cannot watch pid %d: %s", p->id, (int)pid, strerror(errno));
 	}

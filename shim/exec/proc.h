@@ -153,7 +153,8 @@ struct proc *proc_next(const struct proc *p);
 void proc_set_owner(struct proc *p, const struct proc_owner_ops *ops, void *owner);
 /* The fork happened: take over pl's fds and strings, watch the pid and the exec
  * error pipe. The outcome comes back through the owner's started() or failed(). */
-void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl);
+/* forked_at: mono_ns() before the fork (reaper_watch_since). */
+void proc_spawned(struct proc *p, pid_t pid, struct spawn_plan *pl, uint64_t forked_at);
 /* It will never be forked (prepare failed, fork failed, the stream went away
  * first): FAILED, out of the table. */
 void proc_start_failed(struct proc *p);

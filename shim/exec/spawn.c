@@ -1,4 +1,5 @@
-/* spawn.c: starting a command: argv, environment, cwd, pipes or pty built on a worker; fork/exec on the loop.
+/* spawn.c: starting a command: argv, environment, cwd, pipes or pty built on a worker, and
+ * fork/exec there right after (the loop adopts the pid when the job is done).
  *
  * The rule from crun and tini: the child allocates nothing and calls only
  * async-signal-safe functions. Everything it needs (argv, envp, the program path,
@@ -20,25 +21,29 @@
  *    too. policy_apply_child() calls them only for a user or a group (and
  *    otherwise only setrlimit, setpriority, open/write, prctl and capset), so a
  *    request with either gets fork(). Signal handlers are not shared (no
- *    CLONE_SIGHAND), so resetting them in the child is safe; errno is (the loop
+ *    CLONE_SIGHAND), so resetting them in the child is safe; errno is (the forking
  *    thread's TLS), so it is saved around clone();
- *  - the loop thread is suspended until the child has exec'd, and execve() opens
- *    and reads the program (and a "#!" interpreter) before it lets the parent go:
- *    a program on a network or FUSE filesystem that hangs would hang the whole
- *    daemon. The worker checks that the program is an ELF file (no "#!"
- *    interpreter to look up) on a local filesystem (a fixed list of types);
- *    anything else gets fork();
+ *  - the worker thread that forks is suspended until the child has exec'd, and
+ *    execve() opens and reads the program (and a "#!" interpreter) before it lets
+ *    the parent go: a program on a network or FUSE filesystem that hangs would hold
+ *    that worker for good. The prepare checks that the program is an ELF file (no "#!" interpreter to look up)
+ *    on a local filesystem (a fixed list of types); anything else gets fork();
  *  - on an overloaded machine the child may wait for a CPU before it gets to
- *    execve(), and the loop waits with it (measured: 5-25 ms at a load of 4 per
- *    core, where a burst of execs in one loop iteration then added up past 100
- *    ms). When vfork gets slow, fork() takes over for VFORK_BACKOFF_NS: fork()
- *    costs the loop a fixed ~0.2 ms, never a wait on the child. "Slow" is a
+ *    execve(), and the forking thread waits with it (measured when the loop forked:
+ *    5-25 ms at a load of 4 per core, where a burst of execs in one loop iteration
+ *    then added up past 100 ms). When vfork gets slow, fork() takes over for
+ *    VFORK_BACKOFF_NS: fork() costs a fixed ~0.2 ms, never a wait on the child. "Slow" is a
  *    moving average (1/8 per spawn) above VFORK_SLOW_NS, not one slow spawn: on
  *    a machine with a load of about 1 per core, one vfork in a few hundred takes
  *    over 2 ms, and switching on each of those kept fork() on most of the time
  *    (measured: the /bin/true round trip 1.8-2.0x a bare posix_spawn+waitpid
  *    instead of 1.35-1.45x). A single vfork of 8 x VFORK_SLOW_NS still switches
- *    at once, a run of 5 ms ones after two or three. */
+ *    at once, a run of 5 ms ones after two or three.
+ *
+ * The fork happens on the worker, right after the prepare: handing the plan back to
+ * the loop to fork there cost a wake-up of the loop per command and held the loop
+ * while the child got to execve(). The loop adopts the pid when the job is done; the
+ * child may have exited and been reaped by then, which reaper_watch_since() covers. */
 #include "spawn.h"
 #include "fs.h"
 #include "log.h"
@@ -47,6 +52,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -702,42 +708,70 @@ CHILD_CODE static int child_entry(void *arg)
 	child_main(arg);
 }
 
-/* The vfork child's stack: one is enough, since the loop thread (the only one
- * that spawns) waits while a child uses it. A guard page below it. */
+/* The vfork children's stacks, each with a guard page below it: one per spawn in
+ * progress (a worker waits while its child uses one), kept for the next. Bounded by
+ * the number of workers. */
 #define CHILD_STACK (256u << 10)
-static char *child_stack;
+struct child_stack {
+	struct child_stack *next;
+};
+static pthread_mutex_t stacks_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct child_stack *stacks_free;
+
+static char *stack_get(void)
+{
+	pthread_mutex_lock(&stacks_lock);
+	struct child_stack *cs = stacks_free;
+	if (cs != NULL)
+		stacks_free = cs->next;
+	pthread_mutex_unlock(&stacks_lock);
+	if (cs != NULL)
+		return (char *)cs;
+	long page = sysconf(_SC_PAGESIZE);
+	char *m = mmap(NULL, CHILD_STACK + (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+		       -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	mprotect(m, (size_t)page, PROT_NONE);
+	return m + page;
+}
+
+static void stack_put(char *stack)
+{
+	struct child_stack *cs = (struct child_stack *)stack;
+	pthread_mutex_lock(&stacks_lock);
+	cs->next = stacks_free;
+	stacks_free = cs;
+	pthread_mutex_unlock(&stacks_lock);
+}
 
 static pid_t clone_vfork(struct spawn_plan *pl)
 {
-	if (child_stack == NULL) {
-		long page = sysconf(_SC_PAGESIZE);
-		char *m = mmap(NULL, CHILD_STACK + (size_t)page, PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-		if (m == MAP_FAILED)
-			return -1;
-		mprotect(m, (size_t)page, PROT_NONE);
-		child_stack = m + page;
-	}
+	char *stack = stack_get();
+	if (stack == NULL)
+		return -1;
 #ifdef __SANITIZE_ADDRESS__
 	/* A child that exec'd never returned from its frames: their redzones are
 	 * still poisoned in the (shared) shadow memory. */
-	__asan_unpoison_memory_region(child_stack, CHILD_STACK);
+	__asan_unpoison_memory_region(stack, CHILD_STACK);
 #endif
 	int saved = errno;
-	pid_t pid = clone(child_entry, child_stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, pl);
+	pid_t pid = clone(child_entry, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, pl);
 	if (pid >= 0)
 		errno = saved; /* the child wrote to our errno */
+	stack_put(stack);
 	return pid;
 }
 
 #define VFORK_SLOW_NS 2000000u         /* 2 ms */
 #define VFORK_BACKOFF_NS 1000000000ull /* 1 s */
-static uint64_t vfork_off_until;
-static uint64_t vfork_avg_ns; /* moving average of the vfork times, 1/8 per spawn */
+/* shared by the workers; an update lost to a race only blurs the average */
+static _Atomic uint64_t vfork_off_until;
+static _Atomic uint64_t vfork_avg_ns; /* moving average of the vfork times, 1/8 per spawn */
 
 pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err)
 {
-	bool use_vfork = pl->vfork && mono_ns() >= vfork_off_until;
+	bool use_vfork = pl->vfork && mono_ns() >= atomic_load_explicit(&vfork_off_until, memory_order_relaxed);
 	if (!use_vfork && pl->errp_w < 0 && make_errpipe(pl, err) < 0)
 		return -1;
 	/* Block every signal around fork: the child must not run the shim's handlers
@@ -751,13 +785,15 @@ pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err)
 		uint64_t t0 = mono_ns();
 		pid = clone_vfork(pl);
 		uint64_t t1 = mono_ns();
-		vfork_avg_ns = vfork_avg_ns - vfork_avg_ns / 8 + (t1 - t0) / 8;
-		if (vfork_avg_ns > VFORK_SLOW_NS) {
-			vfork_off_until = t1 + VFORK_BACKOFF_NS;
+		uint64_t avg = atomic_load_explicit(&vfork_avg_ns, memory_order_relaxed);
+		avg = avg - avg / 8 + (t1 - t0) / 8;
+		if (avg > VFORK_SLOW_NS) {
+			atomic_store_explicit(&vfork_off_until, t1 + VFORK_BACKOFF_NS, memory_order_relaxed);
 			log_debug("vfork took %llu us (%llu us on average): fork() for a while",
-				  (unsigned long long)(t1 - t0) / 1000, (unsigned long long)vfork_avg_ns / 1000);
-			vfork_avg_ns = 0; /* a fresh start when vfork is tried again */
+				  (unsigned long long)(t1 - t0) / 1000, (unsigned long long)avg / 1000);
+			avg = 0; /* a fresh start when vfork is tried again */
 		}
+		atomic_store_explicit(&vfork_avg_ns, avg, memory_order_relaxed);
 	} else {
 		pid = fork();
 		if (pid == 0)
