@@ -1,6 +1,6 @@
 /* it_exec_env.c: what a command inherits from the shim (issue 17.3, 17.7): no secrets, the
- * limits the shim started with, and a setsid()ing command tree still ends on timeout, kill
- * and cancel. */
+ * limits the shim started with, signals at their defaults, and a setsid()ing command tree
+ * still ends on timeout, kill and cancel. */
 #include "harness.h"
 
 #include <errno.h>
@@ -282,6 +282,76 @@ static bool mem_has(const char *hay, size_t n, const char *needle)
 	return false;
 }
 
+/* The hex mask of a "Sig...:" line of a /proc status text. */
+static unsigned long long sig_line(const char *status, const char *name)
+{
+	char key[16];
+	snprintf(key, sizeof(key), "\n%s:", name);
+	const char *l = strstr(status, key);
+	CHECKF(l != NULL, "no %s line in: %s", name, status);
+	return strtoull(l + strlen(key), NULL, 16);
+}
+
+/* A command starts with every signal at its default disposition and none blocked,
+ * whatever the shim catches or ignores: its own handlers (SIGTERM, SIGINT, SIGCHLD, the
+ * workers' interrupt signal), its ignored SIGPIPE, and what it inherited as ignored (here
+ * SIGHUP and SIGUSR1, as nohup or a shell's background job would leave them). Checked for
+ * commands vforked and forked (spawn.c's child resets every signal before it unblocks them). */
+static int case_signals(void)
+{
+	sock = it_path("shim.sock");
+	const char *argv[] = {"sh",       "-c",
+			      "trap '' HUP USR1; exec \"$@\"", "sh",
+			      SHIM_BIN,   "--listen",
+			      it_unix_target(sock), "--state-dir",
+			      it_path("state"), NULL};
+	struct it_daemon *d = it_daemon_start_argv("shim", argv);
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+	char *st = slurp(path, NULL);
+	unsigned long long ign = sig_line(st, "SigIgn"), cgt = sig_line(st, "SigCgt");
+	free(st);
+	/* the shim really has them away from SIG_DFL, or the test shows nothing */
+	CHECKF(ign & (1ull << (SIGHUP - 1)), "the shim does not ignore SIGHUP: SigIgn %llx", ign);
+	CHECKF(ign & (1ull << (SIGUSR1 - 1)), "the shim does not ignore SIGUSR1: SigIgn %llx", ign);
+	CHECKF(ign & (1ull << (SIGPIPE - 1)), "the shim does not ignore SIGPIPE: SigIgn %llx", ign);
+	CHECKF(cgt & (1ull << (SIGTERM - 1)), "the shim does not catch SIGTERM: SigCgt %llx", cgt);
+	CHECKF(cgt & (1ull << (SIGCHLD - 1)), "the shim does not catch SIGCHLD: SigCgt %llx", cgt);
+	struct passwd *pw = getpwuid(geteuid());
+	CHECK(pw != NULL);
+	char me[64];
+	snprintf(me, sizeof(me), "%s", pw->pw_name);
+	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	for (int i = 0; i < 6; i++) {
+		struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+		/* cat installs no handler of its own. Odd rounds name a user (the shim's
+		 * own): that is fork()ed, not vforked (spawn.c), the same child code. */
+		const char *cat[] = {"/bin/cat", "/proc/self/status", NULL};
+		eo.argv = cat;
+		if (i % 2 == 1)
+			eo.user = me;
+		struct sbx_output out;
+		struct sbx_exit ex = SBX_EXIT_INIT;
+		struct sbx_error err;
+		memset(&out, 0, sizeof(out));
+		CHECK_SBX(sbx_run(c, NULL, &eo, NULL, 0, 0, &out, &ex, &err), &err);
+		CHECK_EQ(ex.exit_code, 0);
+		char *s = malloc(out.out_len + 2);
+		CHECK(s != NULL);
+		s[0] = '\n';
+		memcpy(s + 1, out.out, out.out_len);
+		s[out.out_len + 1] = '\0';
+		sbx_output_free(&out);
+		CHECKF(sig_line(s, "SigIgn") == 0, "round %d: the command has SigIgn %llx", i, sig_line(s, "SigIgn"));
+		CHECKF(sig_line(s, "SigCgt") == 0, "round %d: the command has SigCgt %llx", i, sig_line(s, "SigCgt"));
+		CHECKF(sig_line(s, "SigBlk") == 0, "round %d: the command has SigBlk %llx", i, sig_line(s, "SigBlk"));
+		free(s);
+	}
+	sbx_client_close(c);
+	it_daemon_stop(d);
+	return 0;
+}
+
 /* The SDK's exec: transport: the command it spawns gets no SBX_TOKEN nor SBX_TOKEN_FILE,
  * and the HELLO carries a token only when the caller gave one. The command records its
  * environment and (through tee) every byte the client sends it; the shim writes to a pipe
@@ -511,6 +581,7 @@ int main(int argc, char **argv)
 		{"secrets", case_secrets},
 		{"default_path", case_default_path},
 		{"nofile", case_nofile},
+		{"signals", case_signals},
 		{"exec_transport", case_exec_transport},
 		{"setsid_timeout", case_setsid_timeout},
 		{"setsid_kill", case_setsid_kill},
