@@ -728,8 +728,8 @@ static char *stack_get(void)
 	if (cs != NULL)
 		return (char *)cs;
 	long page = sysconf(_SC_PAGESIZE);
-	char *m = mmap(NULL, CHILD_STACK + (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
-		       -1, 0);
+	char *m = mmap(NULL, CHILD_STACK + (size_t)page, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (m == MAP_FAILED)
 		return NULL;
 	mprotect(m, (size_t)page, PROT_NONE);

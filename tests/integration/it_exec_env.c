@@ -300,11 +300,16 @@ static unsigned long long sig_line(const char *status, const char *name)
 static int case_signals(void)
 {
 	sock = it_path("shim.sock");
-	const char *argv[] = {"sh",       "-c",
-			      "trap '' HUP USR1; exec \"$@\"", "sh",
-			      SHIM_BIN,   "--listen",
-			      it_unix_target(sock), "--state-dir",
-			      it_path("state"), NULL};
+	const char *argv[] = {"sh",
+			      "-c",
+			      "trap '' HUP USR1; exec \"$@\"",
+			      "sh",
+			      SHIM_BIN,
+			      "--listen",
+			      it_unix_target(sock),
+			      "--state-dir",
+			      it_path("state"),
+			      NULL};
 	struct it_daemon *d = it_daemon_start_argv("shim", argv);
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
