@@ -1040,6 +1040,164 @@ static void in_keep(struct conn *c, size_t off, size_t want)
 	c->inoff = 0;
 }
 
+/* ---- DATA received outside the input buffer ---- */
+
+/* A DATA payload at least this big, whose header ends the bytes read so far, goes from
+ * the socket into its op's pipe (stream_ops.data_pipe) when the op has one: splice()
+ * moves the socket's pages, where read() and the op's write() would copy them twice. */
+#define RX_SPLICE_MIN (16u << 10)
+/* After such a payload, reads end at the next frame header for this long, so that the
+ * next payload is not read into the buffer along with its header. */
+#define RX_BULK_S 1.0
+
+uint64_t conn_rx_spliced;
+static bool feeding; /* conn_feed(): the bytes come from its caller, not the socket */
+
+/* The op learns of the bytes spliced into its pipe so far (once the payload is all
+ * in, or before the first of its bytes that come through data()). */
+static void rx_piped_tell(struct conn *c)
+{
+	size_t n = c->rx_piped;
+	if (n == 0)
+		return;
+	c->rx_piped = 0;
+	struct stream *st = stream_lookup(c, c->rx_stream);
+	if (st == NULL || st->ops == NULL)
+		return; /* its stream went: its op drops its pipe */
+	struct shim_err e;
+	if (st->ops->data_piped(st, n, c->rx_fin && c->rx_left == 0, &e) < 0)
+		stream_abort(st, &e);
+}
+
+/* The rest of the payload is read and given to data(), behind what is in the pipe. */
+static void rx_copy_start(struct conn *c)
+{
+	c->rx_copy = true;
+	rx_piped_tell(c);
+}
+
+/* The frame's checks (as handle_frame and handle_data make them) pass and its stream's
+ * op takes DATA through a pipe: the payload is received by rx_continue(). k of its bytes
+ * are in the buffer already (behind the header at c->in + off). */
+static bool rx_begin(struct conn *c, const struct frame_hdr *h, size_t off, size_t k)
+{
+	if (feeding || (h->flags & ~FRAME_FLAG_FIN) != 0)
+		return false; /* handle_frame says what is wrong */
+	struct stream *st = stream_lookup(c, h->stream);
+	if (st == NULL || st->client_fin || h->len > st->recv_left || st->ops == NULL || st->ops->data_pipe == NULL ||
+	    st->ops->data_piped == NULL)
+		return false;
+	int pfd = st->ops->data_pipe(st, h->len);
+	if (pfd < 0)
+		return false;
+	c->rx_bulk_until = mono_s() + RX_BULK_S;
+	/* what was read of the payload already goes into the pipe first (a copy of k
+	 * bytes, in order); a pipe that does not take it all: the buffered path */
+	const uint8_t *p = c->in + off + FRAME_HDR_LEN;
+	size_t put = 0;
+	while (put < k) {
+		ssize_t w = write(pfd, p + put, k - put);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			break;
+		put += (size_t)w;
+	}
+	st->recv_left -= h->len;
+	bool fin = (h->flags & FRAME_FLAG_FIN) != 0;
+	if (fin)
+		st->client_fin = true;
+	c->rx_stream = h->stream;
+	c->rx_left = h->len - put;
+	c->rx_piped = put;
+	c->rx_fin = fin;
+	c->rx_copy = false;
+	c->last_rx = mono_s();
+	c->ping_out = false;
+	if (put < k) {
+		/* the rest of what is buffered comes through data(), then the socket's */
+		rx_copy_start(c);
+		st = stream_lookup(c, c->rx_stream);
+		struct shim_err e;
+		if (st != NULL && st->ops != NULL && st->ops->data != NULL &&
+		    st->ops->data(st, p + put, k - put, fin && c->rx_left == k - put, &e) < 0)
+			stream_abort(st, &e);
+		c->rx_left -= k - put;
+	} else if (c->rx_left == 0) {
+		rx_piped_tell(c);
+	}
+	return true;
+}
+
+/* The rest of the payload rx_begin() took on: spliced into the op's pipe while it takes
+ * it, else read into the buffer and given to data() (in order: the op queues those
+ * behind its pipe). Bytes for a stream gone meanwhile are read and dropped. 1: the
+ * payload is all in, 0: wait for the socket, -1: the connection failed. */
+static int rx_continue(struct conn *c)
+{
+	while (c->rx_left > 0) {
+		struct stream *st = stream_lookup(c, c->rx_stream);
+		int pfd = -1;
+		if (!c->rx_copy && st != NULL && st->ops != NULL && st->ops->data_pipe != NULL &&
+		    (pfd = st->ops->data_pipe(st, c->rx_piped + c->rx_left)) < 0) {
+			rx_copy_start(c);
+			continue;
+		}
+		ssize_t n;
+		if (pfd >= 0) {
+			n = splice(c->rfd, NULL, pfd, NULL, c->rx_left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+			if (n < 0 && errno == EAGAIN) {
+				/* the socket is empty, or the pipe is full (its slots, not its
+				 * bytes, ran out): then the rest is read */
+				int avail = 0;
+				if (ioctl(c->rfd, FIONREAD, &avail) < 0 || avail == 0)
+					return 0;
+				rx_copy_start(c);
+				continue;
+			}
+			if (n < 0 && errno != EINTR) {
+				/* EINVAL: this fd cannot be spliced from (a tty, say): read it */
+				rx_copy_start(c);
+				continue;
+			}
+		} else {
+			size_t room = c->rx_left < c->incap ? c->rx_left : c->incap;
+			n = read(c->rfd, c->in, room);
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return 0;
+		}
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			conn_close(c, strerror(errno));
+			return -1;
+		}
+		if (n == 0) {
+			struct shim_err e;
+			err_set(&e, EPROTO, NULL, "connection closed in the middle of a frame");
+			conn_fail(c, &e);
+			return -1;
+		}
+		c->rx_left -= (size_t)n;
+		c->last_rx = mono_s();
+		c->ping_out = false;
+		if (pfd >= 0) {
+			conn_rx_spliced += (uint64_t)n;
+			c->rx_piped += (size_t)n;
+			if (c->rx_left == 0)
+				rx_piped_tell(c);
+		} else if (st != NULL && st->ops != NULL && st->ops->data != NULL) {
+			/* (a stream gone meanwhile: its bytes are dropped) */
+			struct shim_err e;
+			if (st->ops->data(st, c->in, (size_t)n, c->rx_fin && c->rx_left == 0, &e) < 0)
+				stream_abort(st, &e);
+		}
+		if (c->state != CONN_READY || c->doomed != NULL)
+			return -1;
+	}
+	return 1;
+}
+
 /* Parse and handle every whole frame in c->in; keep the unfinished tail. */
 static void process_input(struct conn *c)
 {
@@ -1053,6 +1211,14 @@ static void process_input(struct conn *c)
 		    h.type > FRAME_TYPE_MAX) {
 			proto_error(c, EPROTO, "unknown frame type %u", h.type);
 			return;
+		}
+		if (fs == FRAME_NEED_MORE && c->state == CONN_READY && c->inlen - off >= FRAME_HDR_LEN &&
+		    h.type == FRAME_DATA && h.len >= RX_SPLICE_MIN &&
+		    rx_begin(c, &h, off, c->inlen - off - FRAME_HDR_LEN)) {
+			/* the header and what was read of the payload are taken: the rest
+			 * comes from the socket (rx_continue) */
+			off = c->inlen;
+			break;
 		}
 		if (fs == FRAME_NEED_MORE) {
 			/* make room for the whole frame (its length is already checked) */
@@ -1094,6 +1260,7 @@ static void process_input(struct conn *c)
 
 void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
 {
+	feeding = true;
 	while (len > 0 && (c->state == CONN_HELLO || c->state == CONN_READY) && c->doomed == NULL) {
 		size_t n = c->incap - c->inlen;
 		if (n > len)
@@ -1104,6 +1271,7 @@ void conn_feed(struct conn *c, const uint8_t *buf, size_t len)
 		len -= n;
 		process_input(c);
 	}
+	feeding = false;
 }
 
 /* Read what the peer has sent (up to 8 reads) and handle the whole frames. A read that
@@ -1120,17 +1288,28 @@ static void conn_read_input(struct conn *c)
 			ev_io_stop(c->srv->loop, &c->rio);
 			return;
 		}
+		if (c->rx_left > 0) {
+			int rc = rx_continue(c);
+			if (rc <= 0)
+				return;
+			continue;
+		}
 		size_t room = c->incap - c->inlen;
 		/* a big unfinished frame: read up to its end, so that the buffer is empty
 		 * once it is handled and no part of the next frame has to be moved */
 		size_t pend = c->inlen - c->inoff;
+		bool bulk = c->rx_bulk_until > 0 && mono_s() < c->rx_bulk_until;
 		if (pend >= FRAME_HDR_LEN) {
 			struct frame_hdr h;
 			size_t want = 0;
 			if (frame_check(c->in + c->inoff, pend, c->max_frame, &h) == FRAME_NEED_MORE)
 				want = FRAME_HDR_LEN + (size_t)h.len;
-			if (want >= IN_KEEP_MIN && want - pend < room)
+			if (bulk && want > 0 && want - pend + FRAME_HDR_LEN < room)
+				room = want - pend + FRAME_HDR_LEN; /* to the end of the next header */
+			else if (want >= IN_KEEP_MIN && want - pend < room)
 				room = want - pend;
+		} else if (bulk && FRAME_HDR_LEN - pend < room) {
+			room = FRAME_HDR_LEN - pend; /* a header alone: its payload may be spliced */
 		}
 		ssize_t n = read(c->rfd, c->in + c->inlen, room);
 		if (n < 0) {

@@ -27,6 +27,15 @@ struct stream_ops {
 	void (*cancel)(struct stream *st);
 	/* The op ended the stream itself (stream_end, stream_fail): st is being freed. */
 	void (*gone)(struct stream *st);
+	/* Optional, with data: DATA bytes not read yet may go from the socket straight
+	 * into a pipe of the op's (spliced, never in the input buffer). Returns the pipe's
+	 * write end when n more bytes fit in it and nothing of the stream waits before
+	 * them (else -1: they come through data(), which must then queue them behind what
+	 * is in the pipe). Asked again before every splice. */
+	int (*data_pipe)(struct stream *st, size_t n);
+	/* n more bytes are in that pipe (a whole payload, or what came of it before the
+	 * rest goes through data()); fin: they end the client's data. As data(). */
+	int (*data_piped)(struct stream *st, size_t n, bool fin, struct shim_err *err);
 };
 
 struct stream {
@@ -76,6 +85,15 @@ struct conn {
 	uint8_t *in;
 	size_t inlen, incap;
 	size_t inoff; /* where the bytes not handled yet begin (process_input) */
+	/* The payload of a DATA frame being received outside the input buffer: rx_left
+	 * bytes of it still in the socket, for stream rx_stream, spliced into its op's pipe
+	 * (stream_ops.data_pipe) or, once that cannot take them, read and given to data()
+	 * (rx_copy). rx_fin: the frame carries FIN. */
+	uint32_t rx_stream;
+	size_t rx_left;
+	size_t rx_piped; /* spliced into the pipe, the op not told yet (rx_piped_tell) */
+	bool rx_fin, rx_copy;
+	double rx_bulk_until; /* big DATA to a pipe came lately: reads end at a header (mono_s) */
 
 	struct obuf_chunk *out_head, *out_tail;
 	size_t outlen;
@@ -167,6 +185,9 @@ void stream_grant(struct stream *st, uint32_t n);
 /* End with END carrying the packed Result payload, or with ERROR; frees st. */
 void stream_end(struct stream *st, const void *result, size_t len);
 void stream_fail(struct stream *st, const struct shim_err *err);
+/* DATA payload bytes spliced from connections into ops' pipes (stream_ops.data_pipe),
+ * for tests and info. */
+extern uint64_t conn_rx_spliced;
 /* One DATA frame of the len bytes waiting in the pipe pfd (len within the stream's
  * credit and max_frame): when nothing is queued on the connection, the header is
  * written and the payload spliced from the pipe straight to the peer; what the peer

@@ -55,6 +55,25 @@ static int op_stream_data(struct stream *st, const uint8_t *buf, size_t len, boo
 	return rc;
 }
 
+static int op_stream_data_pipe(struct stream *st, size_t n)
+{
+	struct op *op = st->op_data;
+	if (!(op->kind->flags & OP_TAKES_DATA) || op->kind->data_pipe == NULL)
+		return -1;
+	return op->kind->data_pipe(op, n);
+}
+
+static int op_stream_data_piped(struct stream *st, size_t n, bool fin, struct shim_err *err)
+{
+	struct op *op = st->op_data;
+	op->depth++;
+	int rc = op->kind->data_piped(op, n, fin, err);
+	op->depth--;
+	if (rc == 0)
+		op_maybe_free(op);
+	return rc;
+}
+
 static void op_stream_writable(struct stream *st)
 {
 	struct op *op = st->op_data;
@@ -88,6 +107,8 @@ static void op_stream_gone(struct stream *st)
 
 static const struct stream_ops op_stream_ops = {
 	.data = op_stream_data,
+	.data_pipe = op_stream_data_pipe,
+	.data_piped = op_stream_data_piped,
 	.writable = op_stream_writable,
 	.cancel = op_stream_cancel,
 	.gone = op_stream_gone,

@@ -65,6 +65,10 @@ struct op_kind {
 	void (*job_done)(struct op *op, int rc, const struct shim_err *err);
 	/* DATA from the client (OP_TAKES_DATA); as stream_ops.data. */
 	int (*data)(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err);
+	/* Optional (OP_TAKES_DATA): DATA straight into a pipe of the op's, as
+	 * stream_ops.data_pipe and data_piped. */
+	int (*data_pipe)(struct op *op, size_t n);
+	int (*data_piped)(struct op *op, size_t n, bool fin, struct shim_err *err);
 	/* More DATA may be sent (stream_wait_writable). */
 	void (*writable)(struct op *op);
 	/* The stream is going away without END (CANCEL, disconnect, shutdown, a failed

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- info ---- */
 
@@ -103,18 +104,50 @@ const struct op_kind op_sys_info_kind = {
 /* ---- echo ---- */
 
 /* What the client sent and we have not yet been able to send back. Never more than
- * the credit we granted (the initial window), so memory stays bounded. */
+ * the credit we granted (the initial window), so memory stays bounded. Big DATA comes
+ * spliced into a pipe (conn.c's data_pipe) and goes back spliced from it
+ * (stream_send_pipe): the bytes in the pipe (piped) are older than those in buf. */
 struct echo {
 	uint64_t total;
 	size_t len, cap;
+	size_t piped;   /* bytes in the pipe */
+	size_t pipe_sz; /* its capacity (0: no pipe yet) */
+	int pfd[2];
 	bool fin;
 	uint8_t buf[];
 };
+
+/* Echo what is in the pipe, as far as the credit and the connection's room go. */
+static void echo_pump_pipe(struct op *op)
+{
+	struct echo *e = op->data;
+	struct stream *st = op->st;
+	while (e->piped > 0) {
+		size_t n = stream_can_send(st);
+		if ((int64_t)n > st->send_credit)
+			n = st->send_credit > 0 ? (size_t)st->send_credit : 0;
+		if (n > st->conn->max_frame)
+			n = st->conn->max_frame;
+		if (n > e->piped)
+			n = e->piped;
+		if (n == 0)
+			return;
+		stream_send_pipe(st, e->pfd[0], n);
+		e->piped -= n;
+		e->total += n;
+		stream_grant(st, (uint32_t)n);
+	}
+}
 
 static void echo_pump(struct op *op)
 {
 	struct echo *e = op->data;
 	struct stream *st = op->st;
+	echo_pump_pipe(op);
+	if (e->piped > 0) {
+		stream_wait_writable(st);
+		return;
+	}
 	size_t sent = 0;
 	while (sent < e->len) {
 		size_t n = stream_can_send(st);
@@ -150,7 +183,7 @@ static void echo_pump(struct op *op)
 static int echo_data(struct op *op, const uint8_t *buf, size_t len, bool fin, struct shim_err *err)
 {
 	struct echo *e = op->data;
-	if (e->len == 0 && len > 0) {
+	if (e->len == 0 && e->piped == 0 && len > 0) {
 		/* Nothing of ours waits: the bytes go back from the input buffer. When the
 		 * output is empty they are written straight to the client with the WINDOW
 		 * that gives their credit back (no copy at all), else queued from here (one
@@ -184,6 +217,31 @@ static int echo_data(struct op *op, const uint8_t *buf, size_t len, bool fin, st
 	return 0;
 }
 
+/* The pipe for n more bytes: only with nothing in buf (they would overtake it), and
+ * room for them. Made at the first big DATA, twice the stream's window: a pipe counts
+ * slots, not bytes, and a splice from a socket may fill a slot with less than a page
+ * (its pages come only as they are used). */
+static int echo_data_pipe(struct op *op, size_t n)
+{
+	struct echo *e = op->data;
+	if (e->len > 0 || e->fin)
+		return -1;
+	if (e->pipe_sz == 0 &&
+	    (e->pipe_sz = pipe_open(e->pfd, 2 * e->cap > (64u << 10) ? 2 * e->cap : (64u << 10))) == 0)
+		return -1;
+	return e->piped + n <= e->pipe_sz ? e->pfd[1] : -1;
+}
+
+static int echo_data_piped(struct op *op, size_t n, bool fin, struct shim_err *err)
+{
+	(void)err;
+	struct echo *e = op->data;
+	e->piped += n;
+	e->fin = fin;
+	echo_pump(op);
+	return 0;
+}
+
 static int echo_start(struct op *op, struct shim_err *err)
 {
 	size_t cap = op->st->recv_left;
@@ -192,11 +250,31 @@ static int echo_start(struct op *op, struct shim_err *err)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	memset(e, 0, sizeof(*e));
 	e->cap = cap;
+	e->pfd[0] = e->pfd[1] = -1;
 	op->data = e;
 	return 0;
 }
 
+static void echo_release(struct op *op)
+{
+	struct echo *e = op->data;
+	if (e == NULL)
+		return;
+	if (e->pfd[0] >= 0) {
+		close(e->pfd[0]);
+		close(e->pfd[1]);
+	}
+	free(e);
+}
+
 const struct op_kind op_sys_echo_kind = {
-	SHIM__V1__REQUEST__KIND_ECHO, "echo", OP_TAKES_DATA, .start = echo_start, .data = echo_data,
+	SHIM__V1__REQUEST__KIND_ECHO,
+	"echo",
+	OP_TAKES_DATA,
+	.start = echo_start,
+	.data = echo_data,
+	.data_pipe = echo_data_pipe,
+	.data_piped = echo_data_piped,
 	.writable = echo_pump,
+	.release = echo_release,
 };

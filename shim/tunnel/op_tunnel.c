@@ -5,7 +5,8 @@
  * carrying the bytes as DATA with the usual per-stream credit. All sockets are
  * non-blocking and watched by the loop; addresses are numeric, so nothing here can
  * stall the loop on a name lookup. A connection's bulk reads are spliced to the client
- * (socket -> pipe -> connection: stream_send_pipe), small ones copied. */
+ * (socket -> pipe -> connection: stream_send_pipe), small ones copied; the client's big
+ * DATA comes the other way the same (connection -> pipe -> socket: conn.c's data_pipe). */
 #include "budget.h"
 #include "conn.h"
 #include "frame.h"
@@ -88,6 +89,10 @@ struct tconn {
 	uint32_t owed;   /* client bytes written to the socket, credit not handed back yet */
 	uint8_t *wbuf;   /* client bytes the socket did not take yet; at most the credit granted */
 	size_t woff, wlen, wcap;
+	/* Big DATA from the client comes spliced into this pipe (conn.c's data_pipe) and
+	 * goes on spliced into the socket: rpiped bytes in it, older than wbuf's. */
+	int rpipe[2];
+	size_t rpiped, rpipe_size;
 	uint64_t bytes_in, bytes_out;
 	char target[80];
 };
@@ -224,6 +229,10 @@ static void tc_release(struct op *op)
 		budget_free(tc->wbuf, tc->wcap);
 		budget_give(tc->wcap);
 	}
+	if (tc->rpipe[0] >= 0) {
+		close(tc->rpipe[0]);
+		close(tc->rpipe[1]);
+	}
 	free(tc);
 	ntconns--;
 	splice_idle();
@@ -280,7 +289,7 @@ static int tc_data(struct op *op, const uint8_t *buf, size_t len, bool fin, stru
 {
 	struct tconn *tc = op->data;
 	struct stream *st = op->st;
-	if (len > 0 && tc->wlen == 0 && !tc->connecting) {
+	if (len > 0 && tc->wlen == 0 && tc->rpiped == 0 && !tc->connecting) {
 		ssize_t w = send(tc->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
 			return err_set(err, errno, tc->target, "send");
@@ -316,12 +325,38 @@ static int tc_data(struct op *op, const uint8_t *buf, size_t len, bool fin, stru
 	}
 	if (fin) {
 		tc->client_fin = true;
-		if (tc->wlen == 0 && !tc->connecting) {
+		if (tc->wlen == 0 && tc->rpiped == 0 && !tc->connecting) {
 			shutdown(tc->fd, SHUT_WR);
 			tc->shut_wr = true;
 			tc_check_done(tc);
 		}
 	}
+	return 0;
+}
+
+/* The pipe for n more bytes of the client's: only while nothing of theirs is buffered
+ * in wbuf (they would overtake it) and the socket is connected. Made at the first big
+ * DATA, twice the credit the client may have out (a pipe counts slots, not bytes, and a
+ * splice from a socket may fill one with less than a page). */
+static int tc_data_pipe(struct op *op, size_t n)
+{
+	struct tconn *tc = op->data;
+	if (tc->connecting || tc->wlen > 0 || tc->client_fin || no_splice)
+		return -1;
+	if (tc->rpipe[0] < 0 &&
+	    (tc->rpipe_size = pipe_open(tc->rpipe, 2 * ((size_t)srv->cfg.initial_window + TUN_EXTRA_WINDOW))) == 0)
+		return -1;
+	return tc->rpiped + n <= tc->rpipe_size ? tc->rpipe[1] : -1;
+}
+
+static int tc_data_piped(struct op *op, size_t n, bool fin, struct shim_err *err)
+{
+	(void)err;
+	struct tconn *tc = op->data;
+	tc->rpiped += n;
+	if (fin)
+		tc->client_fin = true;
+	tc_flush(tc);
 	return 0;
 }
 
@@ -469,9 +504,40 @@ static void tc_start_relay(struct tconn *tc, const struct sockaddr_storage *peer
 	ev_io_start(srv->loop, &tc->rio);
 }
 
-/* Client bytes buffered earlier -> socket. */
+/* Client bytes in the pipe -> socket (spliced). false: the socket is full (or the
+ * connection failed). */
+static bool tc_flush_pipe(struct tconn *tc)
+{
+	while (tc->rpiped > 0) {
+		ssize_t w = splice(tc->rpipe[0], NULL, tc->fd, NULL, tc->rpiped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				ev_io_start(srv->loop, &tc->wio);
+				return false;
+			}
+			tc_fail(tc, errno, "send");
+			return false;
+		}
+		if (w == 0) {
+			tc_fail(tc, EPIPE, "send");
+			return false;
+		}
+		tc->rpiped -= (size_t)w;
+		tc->bytes_in += (uint64_t)w;
+		if (tc->t != NULL)
+			tc->t->bytes_in += (uint64_t)w;
+		tc_grant(tc, (uint32_t)w);
+	}
+	return true;
+}
+
+/* Client bytes buffered earlier (in the pipe first, then wbuf) -> socket. */
 static void tc_flush(struct tconn *tc)
 {
+	if (!tc_flush_pipe(tc))
+		return;
 	while (tc->wlen > 0) {
 		ssize_t w = send(tc->fd, tc->wbuf + tc->woff, tc->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w < 0) {
@@ -539,6 +605,7 @@ static struct tconn *tc_new(struct op *op, struct tunnel *t, int fd, const char 
 		return NULL;
 	tc->op = op;
 	tc->fd = fd;
+	tc->rpipe[0] = tc->rpipe[1] = -1;
 	ntconns++;
 	snprintf(tc->target, sizeof(tc->target), "%s", target);
 	ev_io_init(&tc->rio, tc_read_cb, fd, EV_READ);
@@ -1067,6 +1134,8 @@ const struct op_kind op_tunnel_connect_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_CO
 					       OP_TAKES_DATA,
 					       .start = tunnel_connect_start,
 					       .data = tc_data,
+					       .data_pipe = tc_data_pipe,
+					       .data_piped = tc_data_piped,
 					       .writable = tc_writable,
 					       .cancel = tc_cancel,
 					       .release = tc_release};
@@ -1075,6 +1144,8 @@ const struct op_kind op_tunnel_accept_kind = {SHIM__V1__REQUEST__KIND_TUNNEL_ACC
 					      OP_TAKES_DATA,
 					      .start = tunnel_accept_start,
 					      .data = tc_data,
+					      .data_pipe = tc_data_pipe,
+					      .data_piped = tc_data_piped,
 					      .writable = tc_writable,
 					      .cancel = tc_cancel,
 					      .release = tc_release};

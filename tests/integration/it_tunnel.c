@@ -125,13 +125,18 @@ static long recv_all(int fd, void *buf, size_t cap)
 }
 
 /* Send out (then shut the write side) and receive until EOF at the same time, in one
- * thread. Returns the bytes received into in (cap), or -1 with errno. */
-static long duplex(int fd, const uint8_t *out, size_t outlen, uint8_t *in, size_t cap)
+ * thread; sends of at most sizes[i] bytes in turn when sizes is given (nsizes of them),
+ * else as much as the socket takes. Returns the bytes received into in (cap), or -1
+ * with errno. */
+static long duplex_sized(int fd, const uint8_t *out, size_t outlen, uint8_t *in, size_t cap, const size_t *sizes,
+			 size_t nsizes)
 {
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-	size_t sent = 0, got = 0;
+	size_t sent = 0, got = 0, upto = 0, k = 0;
 	bool shut = false;
 	for (;;) {
+		if (sent == upto)
+			upto = sizes == NULL || outlen - sent < sizes[k % nsizes] ? outlen : sent + sizes[k++ % nsizes];
 		if (sent == outlen && !shut) {
 			shutdown(fd, SHUT_WR);
 			shut = true;
@@ -140,7 +145,7 @@ static long duplex(int fd, const uint8_t *out, size_t outlen, uint8_t *in, size_
 		int r = poll(&p, 1, 30000);
 		CHECKF(r > 0, "duplex: stalled for 30 s (sent %zu of %zu, got %zu)", sent, outlen, got);
 		if (!shut && (p.revents & (POLLOUT | POLLERR))) {
-			ssize_t w = send(fd, out + sent, outlen - sent, MSG_NOSIGNAL);
+			ssize_t w = send(fd, out + sent, upto - sent, MSG_NOSIGNAL);
 			if (w < 0 && errno != EAGAIN)
 				return -1;
 			if (w > 0)
@@ -158,6 +163,11 @@ static long duplex(int fd, const uint8_t *out, size_t outlen, uint8_t *in, size_
 			}
 		}
 	}
+}
+
+static long duplex(int fd, const uint8_t *out, size_t outlen, uint8_t *in, size_t cap)
+{
+	return duplex_sized(fd, out, outlen, in, cap, NULL, 0);
 }
 
 /* ---- servers ("inside" or on the host: threads of this test) ---- */
@@ -992,6 +1002,65 @@ static int case_slow_reader(void)
 	return 0;
 }
 
+/* Echo, reading slowly (4 KiB at a time, a pause now and then: some 60 MB/s at most),
+ * so that what the client sends piles up in the shim. */
+static void slow_echo_fn(struct srv *s, int fd)
+{
+	(void)s;
+	uint8_t buf[4096];
+	for (unsigned i = 0;; i++) {
+		ssize_t n = recv(fd, buf, sizeof(buf), 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		if (send(fd, buf, (size_t)n, MSG_NOSIGNAL) != n)
+			break;
+		if (i % 16 == 15)
+			it_sleep_ms(1); /* a slow consumer, not a wait for anything */
+	}
+	shutdown(fd, SHUT_WR);
+}
+
+/* The client's big DATA goes from the shim's connection into a pipe and on into the
+ * socket inside (conn.c's data_pipe), small DATA through a buffer behind it. With a
+ * target that reads slowly, the pipe holds bytes while more come, some frames find it
+ * full and are buffered instead, and the FIN waits for both: what the target echoes is
+ * byte-exact, in order, then EOF; both kinds of tunnel. */
+static int case_slow_target(void)
+{
+	struct sbx_client *c = start();
+	struct sbx_error err;
+	struct srv s;
+	srv_start(&s, slow_echo_fn);
+	size_t len = 12 * MiB;
+	uint8_t *out = malloc(len), *in = malloc(len);
+	CHECK(out != NULL && in != NULL);
+	for (int kind = 0; kind < 2; kind++) {
+		struct sbx_tunnel *t;
+		if (kind == 0)
+			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		else
+			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		it_fill(out, len, 123 + (uint64_t)kind);
+		int fd = tcp_connect(sbx_tunnel_port(t));
+		CHECK(fd >= 0);
+		/* writes of mixed sizes, reading back as we go, then EOF: the FIN went through
+		 * after the last byte */
+		static const size_t sizes[] = {700 * KiB, 1, 3 * KiB, 256 * KiB + 7, 17, 1 * MiB, 60 * KiB, 5};
+		CHECK_EQ(duplex_sized(fd, out, len, in, len, sizes, sizeof(sizes) / sizeof(sizes[0])), (long)len);
+		CHECK(memcmp(out, in, len) == 0);
+		close(fd);
+		wait_list_idle(c, sbx_tunnel_id(t));
+		sbx_tunnel_close(t);
+	}
+	free(out);
+	free(in);
+	srv_stop(&s);
+	sbx_client_close(c);
+	return 0;
+}
+
 /* Bulk reads are spliced (socket -> pipe -> connection) on both sides, small ones
  * copied; a connection switches between the two as its reads grow and shrink. Writes of
  * mixed sizes (1 byte to 1 MiB, each sent whole and echoed before the next) come back
@@ -1516,6 +1585,7 @@ int main(int argc, char **argv)
 		{"stdio", case_stdio},
 		{"slow_reader", case_slow_reader},
 		{"splice_mixed", case_splice_mixed},
+		{"slow_target", case_slow_target},
 		{"reset_midway", case_reset_midway},
 		{"disconnect", case_disconnect},
 		{"list_close", case_list_close},

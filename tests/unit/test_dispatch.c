@@ -1534,6 +1534,166 @@ START_TEST(test_echo_large_flow_control)
 }
 END_TEST
 
+/* Echo big frames while the client writes them in awkward pieces: a header alone, a
+ * header with the start of its payload, a payload cut anywhere, two frames in one write.
+ * The daemon splices what it can of each payload into the echo's pipe (conn.c's
+ * data_pipe) and reads the rest; the bytes come back exact and in order, in frames of
+ * the sizes sent, whichever way each was received. Two streams interleave, with pings
+ * between the frames. */
+static void echo_cut_case(uint32_t window_bytes, unsigned pieces_seed)
+{
+	S.cfg.initial_window = window_bytes;
+	start();
+	int fd = client(false, NULL);
+	Shim__V1__HelloReply *r = handshake_ex(fd, NULL, 0, 0);
+	shim__v1__hello_reply__free_unpacked(r, NULL);
+	request(fd, 1, SHIM__V1__REQUEST__KIND_ECHO);
+	request(fd, 3, SHIM__V1__REQUEST__KIND_ECHO);
+	const size_t total = 3u << 20;
+	uint8_t *src = malloc(total), *dst[2] = {malloc(total), malloc(total)};
+	ck_assert(src != NULL && dst[0] != NULL && dst[1] != NULL);
+	uint32_t x = 777 + pieces_seed;
+	for (size_t i = 0; i < total; i++) {
+		x = x * 1103515245u + 12345u;
+		src[i] = (uint8_t)(x >> 16);
+	}
+	uint64_t spliced0 = conn_rx_spliced;
+	size_t sent[2] = {0, 0}, got[2] = {0, 0};
+	int64_t credit[2] = {window_bytes, window_bytes};
+	bool ended[2] = {false, false}, fin_sent[2] = {false, false};
+	uint8_t *wbuf = malloc(2 * (FRAME_HDR_LEN + (256u << 10)) + 64);
+	ck_assert_ptr_nonnull(wbuf);
+	unsigned round = 0;
+	while (!ended[0] || !ended[1]) {
+		/* up to two frames (either stream), laid out, then written in pieces */
+		size_t wlen = 0;
+		for (int k = 0; k < 2; k++) {
+			int i = (int)((round + (unsigned)k) % 2);
+			uint32_t id = i == 0 ? 1 : 3;
+			size_t n = total - sent[i];
+			size_t cap = (round * 7919u + (unsigned)k * 104729u) % (200u << 10) + (20u << 10);
+			if (n > cap)
+				n = cap;
+			if ((int64_t)n > credit[i])
+				n = (size_t)credit[i];
+			if (n > 0) {
+				wlen += put_frame(wbuf + wlen, id, FRAME_DATA, 0, src + sent[i], (uint32_t)n);
+				sent[i] += n;
+				credit[i] -= (int64_t)n;
+			} else if (sent[i] == total && !fin_sent[i]) {
+				wlen += put_frame(wbuf + wlen, id, FRAME_DATA, FRAME_FLAG_FIN, NULL, 0);
+				fin_sent[i] = true;
+			}
+		}
+		if (round % 3 == 0)
+			wlen += put_frame(wbuf + wlen, 0, FRAME_PING, 0, "pp", 2);
+		size_t off = 0;
+		unsigned y = round * 2654435761u + pieces_seed;
+		while (off < wlen) {
+			y = y * 1103515245u + 12345u;
+			size_t cut = (y >> 8) % 5 == 0 ? FRAME_HDR_LEN : (y >> 8) % 70000 + 1;
+			if (cut > wlen - off)
+				cut = wlen - off;
+			ck_assert_int_eq(send_raw(fd, wbuf + off, cut), 0);
+			off += cut;
+			pump();
+		}
+		round++;
+		/* read back what is there; hand back credit for it */
+		for (;;) {
+			struct frame_hdr h;
+			struct pollfd pf = {.fd = fd, .events = POLLIN};
+			if (poll(&pf, 1, 0) == 0) {
+				pump();
+				if (poll(&pf, 1, 1) == 0)
+					break; /* nothing now: send more */
+			}
+			ck_assert_int_eq(recv_frame(fd, &h, rp, sizeof(rp), WAIT_MS), 1);
+			if (h.type == FRAME_PONG)
+				continue;
+			ck_assert_msg(h.stream == 1 || h.stream == 3, "unexpected %s", desc(&h, rp));
+			int i = h.stream == 1 ? 0 : 1;
+			if (h.type == FRAME_WINDOW) {
+				credit[i] += frame_get_u32(rp);
+				ck_assert_int_le(credit[i], window_bytes);
+			} else if (h.type == FRAME_DATA) {
+				if (h.flags & FRAME_FLAG_FIN) {
+					ck_assert_uint_eq(h.len, 0);
+					continue;
+				}
+				ck_assert_uint_le(got[i] + h.len, total);
+				memcpy(dst[i] + got[i], rp, h.len);
+				got[i] += h.len;
+				window(fd, h.stream, h.len);
+			} else if (h.type == FRAME_END) {
+				Shim__V1__Result *res = shim__v1__result__unpack(NULL, h.len, rp);
+				ck_assert_ptr_nonnull(res);
+				ck_assert_uint_eq(res->echo->bytes, total);
+				shim__v1__result__free_unpacked(res, NULL);
+				ended[i] = true;
+			} else {
+				ck_abort_msg("unexpected %s", desc(&h, rp));
+			}
+		}
+		ck_assert_msg(round < 100000, "no progress: sent %zu/%zu, got %zu/%zu", sent[0], sent[1], got[0],
+			      got[1]);
+	}
+	for (int i = 0; i < 2; i++) {
+		ck_assert_uint_eq(got[i], total);
+		ck_assert_int_eq(memcmp(dst[i], src, total), 0);
+	}
+	/* the pipe path was taken for a good part of it */
+	ck_assert_msg(conn_rx_spliced - spliced0 > total / 4, "only %llu bytes spliced",
+		      (unsigned long long)(conn_rx_spliced - spliced0));
+	free(wbuf);
+	free(src);
+	free(dst[0]);
+	free(dst[1]);
+	close(fd);
+	wait_conns(0);
+}
+
+START_TEST(test_echo_spliced_cut)
+{
+	echo_cut_case(FRAME_DEFAULT_WINDOW, 1);
+}
+END_TEST
+
+START_TEST(test_echo_spliced_big_window)
+{
+	/* frames up to 220 KiB, more than one in the window */
+	echo_cut_case(1u << 20, 2);
+}
+END_TEST
+
+/* A big DATA frame cut in the middle of its payload, then EOF: the connection fails
+ * (EPROTO: closed in the middle of a frame) and goes; nothing hangs on the pipe. */
+START_TEST(test_echo_spliced_eof_mid_payload)
+{
+	start();
+	int fd = client(false, NULL);
+	handshake(fd);
+	request(fd, 1, SHIM__V1__REQUEST__KIND_ECHO);
+	size_t n = 100000;
+	uint8_t *f = malloc(FRAME_HDR_LEN + n);
+	ck_assert_ptr_nonnull(f);
+	memset(f + FRAME_HDR_LEN, 'z', n);
+	put_frame(f, 1, FRAME_DATA, 0, f + FRAME_HDR_LEN, (uint32_t)n);
+	uint64_t spliced0 = conn_rx_spliced;
+	/* a header alone first: the payload goes to the pipe */
+	ck_assert_int_eq(send_raw(fd, f, FRAME_HDR_LEN), 0);
+	pump();
+	ck_assert_int_eq(send_raw(fd, f + FRAME_HDR_LEN, n / 2), 0);
+	pump();
+	ck_assert_uint_gt(conn_rx_spliced, spliced0);
+	shutdown(fd, SHUT_WR);
+	expect_error(fd, 0, EPROTO, "closed in the middle of a frame");
+	free(f);
+	close(fd);
+	wait_conns(0);
+}
+END_TEST
+
 START_TEST(test_cancel_echo)
 {
 	start();
@@ -1754,6 +1914,9 @@ static Suite *dispatch_suite(void)
 	add_fixture(tc);
 	tcase_add_test(tc, test_echo_small);
 	tcase_add_test(tc, test_echo_large_flow_control);
+	tcase_add_test(tc, test_echo_spliced_cut);
+	tcase_add_test(tc, test_echo_spliced_big_window);
+	tcase_add_test(tc, test_echo_spliced_eof_mid_payload);
 	tcase_add_test(tc, test_cancel_echo);
 	tcase_add_test(tc, test_info);
 	tcase_add_test(tc, test_cancel_info);
