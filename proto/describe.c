@@ -244,6 +244,8 @@ size_t frame_describe(const struct frame_hdr *h, const uint8_t *payload, char *b
 		}
 	} else if (h->type == FRAME_WINDOW && h->len == 4) {
 		put(&o, " +%u", frame_get_u32(payload));
+	} else if (h->len > 0 && payload == NULL) {
+		put(&o, " <%u bytes, not in memory>", h->len); /* spliced from socket to pipe */
 	} else if (h->len > 0 && (h->type == FRAME_DATA || h->type == FRAME_PING || h->type == FRAME_PONG)) {
 		put(&o, " ");
 		put_bytes(&o, payload, h->len, 32);

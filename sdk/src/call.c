@@ -412,6 +412,8 @@ void sbx__call_free(struct call *k)
 	bool send_cancel = !k->done && !k->abandoned && k->id != 0 && !c->dead;
 	sbx__call_abandon_locked(k);
 	sbx__unlink_call(c, k);
+	sbx__rx_pipe_put(k->rx_pipe); /* the reader may still hold it: then it goes after */
+	k->rx_pipe = NULL;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
 	if (send_cancel)

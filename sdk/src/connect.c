@@ -50,6 +50,7 @@ static void client_destroy(struct sbx_client *c)
 		struct call *k = c->calls;
 		c->calls = k->next;
 		sbx__call_abandon_locked(k);
+		sbx__rx_pipe_put(k->rx_pipe);
 		free(k->result);
 		free(k);
 	}
@@ -63,6 +64,9 @@ static void client_destroy(struct sbx_client *c)
 	pthread_mutex_destroy(&c->wmu);
 	pthread_cond_destroy(&c->cv);
 	sbx__rx_free(c->part);
+	sbx__rx_free(c->part_marker);
+	if (c->part_pipe != NULL)
+		sbx__rx_pipe_put(c->part_pipe);
 	free(c->in);
 	free(c->strings);
 	free(c);

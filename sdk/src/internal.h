@@ -18,10 +18,23 @@ struct rx_item {
 	struct rx_item *next;
 	uint8_t type;
 	uint8_t flags;
+	bool piped; /* DATA whose len bytes wait in its call's rx_pipe, not in data */
 	uint32_t len;
 	uint32_t cap;
 	uint8_t data[];
 };
+
+/* A pipe DATA of a call is spliced into from the connection (reader.c), for its consumer
+ * to splice on (a tunnel connection's socket: tunnel.c), so the payload is never copied
+ * into user memory. queued: bytes in it or promised to it. refs (with the client's mu):
+ * the call's, and the reader's while a payload goes in. */
+struct rx_pipe {
+	int fd[2];
+	size_t cap, queued;
+	unsigned refs;
+};
+/* With the client's mu: drop a reference; the last closes the pipe. */
+void sbx__rx_pipe_put(struct rx_pipe *p);
 /* Free a frame taken with sbx__call_pop(): standard-size ones are kept for reuse. */
 void sbx__rx_free(struct rx_item *it);
 
@@ -55,6 +68,10 @@ struct call {
 	void *fn;
 	/* cancel token attached while a blocking call waits */
 	struct sbx_cancel *cancel;
+	/* big DATA may come through a pipe (piped items): set by its consumer, which
+	 * splices the bytes out (tunnel.c); the pipe is made by the reader when needed */
+	bool rx_pipe_ok;
+	struct rx_pipe *rx_pipe;
 };
 
 struct sbx_cancel {
@@ -83,7 +100,14 @@ struct sbx_client {
 	uint32_t part_stream;
 	uint32_t part_got; /* payload bytes in part->data so far */
 	bool rx_bulk;      /* the last read brought such frames: read the next one so too */
-	bool rx_drained;   /* the last read emptied the socket: wait before the next one */
+	/* A big DATA frame whose payload is being spliced into its call's pipe instead:
+	 * part_pipe_left bytes of it still in the socket; part_marker is its piped item
+	 * (len: the bytes in the pipe so far). Reader role only, like part. */
+	struct rx_pipe *part_pipe;
+	struct rx_item *part_marker;
+	uint32_t part_pipe_left;
+	bool rx_hdr_only; /* a payload was piped: the next read takes a header alone */
+	bool rx_drained;  /* the last read emptied the socket: wait before the next one */
 	uint32_t next_id;
 	uint64_t next_ping;
 	struct call *calls;

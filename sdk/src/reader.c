@@ -4,9 +4,11 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -91,6 +93,15 @@ static struct rx_item *rx_alloc(uint32_t len)
 	return it;
 }
 
+/* Taken from rx_alloc() or the spare list: not a piped item (whatever it was before). */
+static struct rx_item *rx_alloc_data(uint32_t len)
+{
+	struct rx_item *it = rx_alloc(len);
+	if (it != NULL)
+		it->piped = false;
+	return it;
+}
+
 void sbx__rx_free(struct rx_item *it)
 {
 	if (it == NULL)
@@ -123,7 +134,7 @@ static void link_rx(struct call *k, struct rx_item *it)
 
 static void queue_rx(struct call *k, const struct frame_hdr *h, const uint8_t *p)
 {
-	struct rx_item *it = rx_alloc(h->len);
+	struct rx_item *it = rx_alloc_data(h->len);
 	if (it == NULL) {
 		k->done = true;
 		sbx__fail(&k->err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
@@ -349,6 +360,10 @@ static bool rx_dropped(struct sbx_client *c, uint32_t stream)
 	return k == NULL || k->abandoned;
 }
 
+/* DATA payloads at least this big go into a call's pipe when it takes them so (below). */
+#define RX_PIPE_MIN (16u << 10)
+static bool pipe_part_start(struct sbx_client *c, struct call *k, const struct frame_hdr *h, struct rx_bytes *b);
+
 /* With mu held, by the reader: the frame with header h, whose header was taken from b
  * and whose payload is not all in b, becomes c->part, with all of b. False (b left
  * alone) if it is not worth it or memory is short (the buffered way then fails the
@@ -357,7 +372,10 @@ static bool part_start(struct sbx_client *c, const struct frame_hdr *h, struct r
 {
 	if (!rx_direct_worth(c, h))
 		return false;
-	struct rx_item *it = rx_alloc(h->len);
+	struct call *k = find_call(c, h->stream, 0);
+	if (k->rx_pipe_ok && h->len >= RX_PIPE_MIN && pipe_part_start(c, k, h, b))
+		return true;
+	struct rx_item *it = rx_alloc_data(h->len);
 	if (it == NULL)
 		return false;
 	it->next = NULL;
@@ -368,6 +386,174 @@ static bool part_start(struct sbx_client *c, const struct frame_hdr *h, struct r
 	c->part_stream = h->stream;
 	c->part_got = (uint32_t)b->len;
 	rx_take(b, it->data, b->len);
+	return true;
+}
+
+/* ---- big DATA into a pipe (a tunnel connection's) ----
+ *
+ * A DATA payload of at least RX_PIPE_MIN bytes for a call that takes them piped
+ * (rx_pipe_ok) goes from the socket into the call's pipe with splice(): the item queued
+ * for it (piped) holds no bytes, its consumer splices them on from the pipe. What was
+ * read of the payload already is written into the pipe first. A pipe out of room (it
+ * counts slots, not bytes), or a splice the fd refuses, ends the piped item where it is
+ * and takes the rest of the payload the usual way, as a part. */
+void sbx__rx_pipe_put(struct rx_pipe *p)
+{
+	if (p == NULL || --p->refs > 0)
+		return;
+	close(p->fd[0]);
+	close(p->fd[1]);
+	free(p);
+}
+
+/* With mu held: the call's pipe, made if need be, when n more bytes fit. */
+static struct rx_pipe *pipe_room(struct call *k, size_t n)
+{
+	struct rx_pipe *p = k->rx_pipe;
+	if (p == NULL) {
+		p = calloc(1, sizeof(*p));
+		if (p == NULL)
+			return NULL;
+		if (pipe2(p->fd, O_CLOEXEC | O_NONBLOCK) < 0) {
+			free(p);
+			return NULL;
+		}
+		/* twice the credit the shim may have out (the tunnel's extra window too) */
+		size_t want = 4 * (size_t)k->client->my_window;
+		if (want < (1u << 20))
+			want = 1u << 20;
+		int sz = fcntl(p->fd[1], F_SETPIPE_SZ, want < (1u << 30) ? (int)want : 1 << 30);
+		if (sz < 0) /* EPERM: over fs.pipe-max-size without CAP_SYS_RESOURCE */
+			sz = fcntl(p->fd[1], F_SETPIPE_SZ, 1 << 20);
+		if (sz < 0)
+			sz = fcntl(p->fd[1], F_GETPIPE_SZ);
+		p->cap = sz > 0 ? (size_t)sz : 4096;
+		p->refs = 1;
+		k->rx_pipe = p;
+	}
+	return p->queued + n <= p->cap ? p : NULL;
+}
+
+static struct rx_item *rx_marker(const struct frame_hdr *h)
+{
+	struct rx_item *it = malloc(sizeof(*it));
+	if (it == NULL)
+		return NULL;
+	it->next = NULL;
+	it->type = FRAME_DATA;
+	it->flags = h->flags;
+	it->piped = true;
+	it->len = 0;
+	it->cap = 0;
+	return it;
+}
+
+/* With mu held, by the reader: the piped item ends where it is (queued for its call if
+ * it holds any bytes, without the frame's FIN), and the rest of the payload
+ * (part_pipe_left bytes) becomes an ordinary part, its credit counted again at its end. */
+static void pipe_part_fallback(struct sbx_client *c)
+{
+	struct rx_pipe *p = c->part_pipe;
+	struct rx_item *m = c->part_marker;
+	uint32_t left = c->part_pipe_left;
+	uint8_t flags = m->flags;
+	p->queued -= left;
+	struct call *k = find_call(c, c->part_stream, 0);
+	m->flags &= (uint8_t)~FRAME_FLAG_FIN;
+	if (k != NULL && !k->abandoned && k->rx_pipe == p) {
+		k->recv_credit += left;
+		if (m->len > 0)
+			link_rx(k, m);
+		else
+			sbx__rx_free(m);
+	} else {
+		sbx__rx_free(m);
+	}
+	c->part_pipe = NULL;
+	c->part_marker = NULL;
+	c->part_pipe_left = 0;
+	sbx__rx_pipe_put(p);
+	struct rx_item *it = rx_alloc_data(left);
+	if (it == NULL) {
+		struct sbx_error e;
+		sbx__fail(&e, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+		sbx__client_kill(c, &e);
+		return;
+	}
+	it->next = NULL;
+	it->type = FRAME_DATA;
+	it->flags = flags;
+	it->len = left;
+	c->part = it;
+	c->part_got = 0;
+}
+
+/* With mu held, by the reader: the piped payload is all in: its item goes to its call
+ * (or away, the call given up on), and the next read takes a header alone. */
+static void pipe_part_done(struct sbx_client *c)
+{
+	struct rx_pipe *p = c->part_pipe;
+	struct rx_item *m = c->part_marker;
+	struct call *k = find_call(c, c->part_stream, 0);
+	struct frame_hdr h = {.len = m->len, .stream = c->part_stream, .type = FRAME_DATA, .flags = m->flags};
+	sbx__trace_frame(c, "<", &h, NULL);
+	if (k != NULL && !k->abandoned && !k->ended && k->rx_pipe == p)
+		link_rx(k, m);
+	else
+		sbx__rx_free(m);
+	c->part_pipe = NULL;
+	c->part_marker = NULL;
+	sbx__rx_pipe_put(p);
+	c->rx_hdr_only = true;
+	c->rx_bulk = true;
+}
+
+/* With mu held, by the reader: as part_start(), into k's pipe. The frame's credit is
+ * counted now, as route_stream() would at its end. */
+static bool pipe_part_start(struct sbx_client *c, struct call *k, const struct frame_hdr *h, struct rx_bytes *b)
+{
+	if (k->ended || (int64_t)h->len > k->recv_credit)
+		return false; /* route_stream() says what is wrong */
+	struct rx_pipe *p = pipe_room(k, h->len);
+	if (p == NULL)
+		return false;
+	struct rx_item *m = rx_marker(h);
+	if (m == NULL)
+		return false;
+	/* what was read of the payload: into the pipe (a write of user memory fills whole
+	 * pages, within the room counted) */
+	size_t put = 0;
+	while (put < b->len) {
+		const uint8_t *q = rx_peek(b, 1);
+		size_t piece = b->iov[b->i].iov_len - b->off;
+		if (piece > b->len)
+			piece = b->len;
+		ssize_t w = write(p->fd[1], q, piece);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			break;
+		rx_take(b, NULL, (size_t)w);
+		put += (size_t)w;
+	}
+	k->recv_credit -= h->len;
+	p->queued += h->len;
+	p->refs++;
+	m->len = (uint32_t)put;
+	c->part_pipe = p;
+	c->part_marker = m;
+	c->part_pipe_left = h->len - (uint32_t)put;
+	c->part_stream = h->stream;
+	if (b->len > 0) {
+		/* the pipe took less than that: the rest the usual way */
+		pipe_part_fallback(c);
+		if (c->part != NULL) {
+			c->part_got = (uint32_t)b->len;
+			rx_take(b, c->part->data, b->len);
+		}
+	} else if (c->part_pipe_left == 0) {
+		pipe_part_done(c);
+	}
 	return true;
 }
 
@@ -444,7 +630,7 @@ static void route_read(struct sbx_client *c, struct rx_read *r, struct rx_bytes 
 		/* a whole frame elsewhere: copied once, into its item or by route() */
 		const uint8_t *p = rx_peek(&at, h.len);
 		struct rx_item *it = NULL;
-		if (p == NULL && h.type == FRAME_DATA && h.stream != 0 && (it = rx_alloc(h.len)) != NULL) {
+		if (p == NULL && h.type == FRAME_DATA && h.stream != 0 && (it = rx_alloc_data(h.len)) != NULL) {
 			it->next = NULL;
 			it->type = h.type;
 			it->flags = h.flags;
@@ -477,6 +663,12 @@ static void rx_plan(struct sbx_client *c, struct rx_read *r)
 	r->niov = 0;
 	r->nspare = 0;
 	r->guess = 0;
+	if (c->rx_hdr_only && c->part == NULL && c->inlen == 0) {
+		/* the next payload may be piped too: leave it in the socket */
+		c->rx_hdr_only = false;
+		r->iov[r->niov++] = (struct iovec){c->in, FRAME_HDR_LEN};
+		return;
+	}
 	if (c->part == NULL && !(c->rx_bulk && c->inlen == 0)) {
 		r->iov[r->niov++] = (struct iovec){c->in + c->inlen, c->incap - c->inlen};
 		return;
@@ -498,7 +690,7 @@ static void rx_plan(struct sbx_client *c, struct rx_read *r)
 		}
 		while (r->nspare < RX_SPEC_MAX &&
 		       (r->nspare + 1) * (FRAME_HDR_LEN + (size_t)r->guess) + FRAME_HDR_LEN <= c->incap) {
-			struct rx_item *it = rx_alloc(r->guess);
+			struct rx_item *it = rx_alloc_data(r->guess);
 			if (it == NULL)
 				break;
 			r->spare[r->nspare] = it;
@@ -530,13 +722,10 @@ static ssize_t rx_read_noted(struct sbx_client *c, const struct rx_read *r)
  * answer: a ping, a stat), it polls first, as the read would only say EAGAIN: one
  * syscall less per call. (A cancel still wakes us: the waiters check their token every
  * round, and the eventfd is drained by the next poll.) */
-static ssize_t rx_read_some(struct sbx_client *c, const struct rx_read *r, int timeout_ms)
+/* Wait up to timeout_ms for the socket to be readable (a wake-up through the eventfd is
+ * drained on the way). */
+static bool rx_wait_input(struct sbx_client *c, int timeout_ms)
 {
-	if (!(c->rx_drained && !c->rx_bulk && timeout_ms != 0)) {
-		ssize_t n = rx_read_noted(c, r);
-		if (n >= 0 || errno != EAGAIN)
-			return n;
-	}
 	struct pollfd pf[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wakefd, .events = POLLIN}};
 	int pr = poll(pf, 2, timeout_ms);
 	if (pr > 0 && (pf[1].revents & POLLIN)) {
@@ -544,7 +733,17 @@ static ssize_t rx_read_some(struct sbx_client *c, const struct rx_read *r, int t
 		ssize_t w = read(c->wakefd, &v, sizeof(v));
 		(void)w;
 	}
-	if (pr <= 0 || (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+	return pr > 0 && (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+static ssize_t rx_read_some(struct sbx_client *c, const struct rx_read *r, int timeout_ms)
+{
+	if (!(c->rx_drained && !c->rx_bulk && timeout_ms != 0)) {
+		ssize_t n = rx_read_noted(c, r);
+		if (n >= 0 || errno != EAGAIN)
+			return n;
+	}
+	if (!rx_wait_input(c, timeout_ms)) {
 		errno = EAGAIN;
 		return -1;
 	}
@@ -662,6 +861,10 @@ static void reader_bury(struct sbx_client *c, struct call **done_list)
 {
 	sbx__rx_free(c->part);
 	c->part = NULL;
+	sbx__rx_free(c->part_marker);
+	c->part_marker = NULL;
+	sbx__rx_pipe_put(c->part_pipe);
+	c->part_pipe = NULL;
 	struct call *more = sbx__take_dead_async(c);
 	while (more != NULL) {
 		struct call *next = more->next;
@@ -673,8 +876,63 @@ static void reader_bury(struct sbx_client *c, struct call **done_list)
 
 /* The reader role: read what arrives within timeout_ms, route whole frames. Called
  * without mu, by the one thread holding c->reading. */
+/* The reader role with a piped payload coming in: splice what is there into the pipe,
+ * waiting up to timeout_ms if nothing is. */
+static void reader_splice(struct sbx_client *c, int timeout_ms)
+{
+	int fd1 = c->part_pipe->fd[1];
+	ssize_t n = -1;
+	int e = 0;
+	bool fallback = false;
+	for (int tries = 0; tries < 2; tries++) {
+		n = splice(c->fd, NULL, fd1, NULL, c->part_pipe_left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+		e = errno;
+		if (n >= 0 || e != EAGAIN)
+			break;
+		/* the socket is empty, or the pipe is full (then the rest is read) */
+		int avail = 0;
+		if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0) {
+			fallback = true;
+			break;
+		}
+		if (tries == 1 || !rx_wait_input(c, timeout_ms))
+			return;
+	}
+	if (n < 0 && e == EINTR)
+		return;
+	if (n < 0 && !fallback && (e == EINVAL || e == ENOSYS))
+		fallback = true; /* no splice from this fd: read it */
+	struct call *done_list = NULL;
+	pthread_mutex_lock(&c->mu);
+	if (n > 0) {
+		c->part_marker->len += (uint32_t)n;
+		c->part_pipe_left -= (uint32_t)n;
+		if (c->part_pipe_left == 0)
+			pipe_part_done(c);
+	} else if (fallback) {
+		pipe_part_fallback(c);
+	} else {
+		struct sbx_error err;
+		if (n == 0)
+			sbx__fail(&err, SBX_ERR_CONNECT, ECONNRESET, NULL, "connection closed by the shim");
+		else
+			sbx__fail(&err, SBX_ERR_CONNECT, e, NULL, "reading from the shim: %s", strerror(e));
+		sbx__client_kill(c, &err);
+	}
+	if (c->dead)
+		reader_bury(c, &done_list);
+	pthread_cond_broadcast(&c->cv);
+	sbx__wake_relays(c);
+	pthread_mutex_unlock(&c->mu);
+	sbx__run_done(done_list);
+}
+
 static void reader_run(struct sbx_client *c, int timeout_ms)
 {
+	if (c->part_pipe != NULL) {
+		reader_splice(c, timeout_ms);
+		return;
+	}
 	struct rx_read r;
 	rx_plan(c, &r);
 	ssize_t n = rx_read_some(c, &r, timeout_ms);

@@ -204,6 +204,10 @@ static int start_request(struct sbx_tunnel *t, struct tc *tc, const Shim__V1__Re
 	tc->k = sbx__call_new(t->c, true);
 	if (tc->k == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+	/* big DATA for the local socket may come through a pipe (reader.c): spliced on */
+	pthread_mutex_lock(&t->c->mu);
+	tc->k->rx_pipe_ok = true;
+	pthread_mutex_unlock(&t->c->mu);
 	return sbx__send_request(tc->k, buf, n, ms_from_now(TUN_SEND_MS), err);
 }
 
@@ -608,8 +612,37 @@ static void tc_wr_shift(struct tc *tc)
 	}
 }
 
+/* A piped item first in wr: its bytes from the call's pipe into the socket. false: the
+ * socket is full (POLLOUT) or the connection ended. */
+static bool tc_splice_piped(struct sbx_tunnel *t, struct tc *tc)
+{
+	struct rx_item *it = tc->wr[0];
+	struct rx_pipe *p = tc->k->rx_pipe; /* set before the item was queued, kept with k */
+	while (tc->wr_off < it->len) {
+		ssize_t w =
+			splice(p->fd[0], NULL, tc->fd, NULL, it->len - tc->wr_off, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return false; /* POLLOUT */
+		if (w <= 0) {
+			struct sbx_error e;
+			sbx__fail(&e, SBX_ERR_LOCAL, w < 0 ? errno : EPIPE, tc->from, "send");
+			tc_end(t, tc, SBX_TUNNEL_CLOSE, &e);
+			return false;
+		}
+		tc->wr_off += (size_t)w;
+		tc->bytes_out += (uint64_t)w;
+		pthread_mutex_lock(&t->c->mu);
+		p->queued -= (size_t)w;
+		pthread_mutex_unlock(&t->c->mu);
+	}
+	tc_wr_shift(tc);
+	return true;
+}
+
 /* Shim -> local socket: what is queued for the stream, as far as the socket takes it,
- * several frames per sendmsg. */
+ * several frames per sendmsg (a piped one alone, spliced). */
 static void tc_write_frames(struct sbx_tunnel *t, struct tc *tc)
 {
 	while (!tc->gone) {
@@ -627,10 +660,16 @@ static void tc_write_frames(struct sbx_tunnel *t, struct tc *tc)
 		}
 		if (tc->nwr == 0)
 			return;
+		if (tc->wr[0]->piped) {
+			/* its bytes wait in the call's pipe: spliced on, alone */
+			if (!tc_splice_piped(t, tc))
+				return;
+			continue;
+		}
 		struct iovec iov[TUN_WRITE_ITEMS];
 		int niov = 0;
 		size_t total = 0;
-		for (unsigned i = 0; i < tc->nwr; i++) {
+		for (unsigned i = 0; i < tc->nwr && !tc->wr[i]->piped; i++) {
 			size_t off = i == 0 ? tc->wr_off : 0;
 			if (tc->wr[i]->len > off) {
 				iov[niov++] = (struct iovec){tc->wr[i]->data + off, tc->wr[i]->len - off};
@@ -655,7 +694,7 @@ static void tc_write_frames(struct sbx_tunnel *t, struct tc *tc)
 			tc->bytes_out += (uint64_t)w;
 		}
 		/* the frames written whole go (empty ones too), a partial one stays first */
-		while (tc->nwr > 0) {
+		while (tc->nwr > 0 && !tc->wr[0]->piped) {
 			size_t rest = tc->wr[0]->len - tc->wr_off;
 			if (w < rest) {
 				tc->wr_off += w;

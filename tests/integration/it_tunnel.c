@@ -1061,6 +1061,59 @@ static int case_slow_target(void)
 	return 0;
 }
 
+/* Sandbox -> host the other way round: the target sends BLAST bytes (seed 99, in pieces
+ * of 1 MiB) and the host side reads slowly, so that the relay's pipe (reader.c: big DATA
+ * spliced from the connection into it, then on into the local socket) fills, some frames
+ * find it full and come as items behind it; what arrives is byte-exact and in order,
+ * then EOF. Both kinds of tunnel. */
+static void blast_big_fn(struct srv *s, int fd)
+{
+	if (blast(s, fd, BLAST, MiB, 99))
+		shutdown(fd, SHUT_WR);
+}
+
+static int case_slow_host(void)
+{
+	struct sbx_client *c = start();
+	struct sbx_error err;
+	struct srv s;
+	srv_start(&s, blast_big_fn);
+	uint8_t *want = malloc(BLAST), *got = malloc(BLAST);
+	CHECK(want != NULL && got != NULL);
+	it_fill(want, BLAST, 99);
+	for (int kind = 0; kind < 2; kind++) {
+		struct sbx_tunnel *t;
+		if (kind == 0)
+			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		else
+			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		int fd = tcp_connect(sbx_tunnel_port(t));
+		CHECK(fd >= 0);
+		send_all(fd, "B", 1);
+		size_t n = 0;
+		for (unsigned i = 0;; i++) {
+			ssize_t r = recv(fd, got + n, n < BLAST ? (BLAST - n < 4096 ? BLAST - n : 4096) : 1, 0);
+			CHECKF(r >= 0, "recv after %zu of %zu: %s", n, (size_t)BLAST, strerror(errno));
+			if (r == 0)
+				break;
+			n += (size_t)r;
+			CHECKF(n <= BLAST, "more than the %zu bytes sent", (size_t)BLAST);
+			if (i % 16 == 15)
+				it_sleep_ms(1); /* a slow reader, not a wait for anything */
+		}
+		CHECK_EQ(n, (size_t)BLAST);
+		CHECK(memcmp(want, got, BLAST) == 0);
+		close(fd);
+		wait_list_idle(c, sbx_tunnel_id(t));
+		sbx_tunnel_close(t);
+	}
+	free(want);
+	free(got);
+	srv_stop(&s);
+	sbx_client_close(c);
+	return 0;
+}
+
 /* Bulk reads are spliced (socket -> pipe -> connection) on both sides, small ones
  * copied; a connection switches between the two as its reads grow and shrink. Writes of
  * mixed sizes (1 byte to 1 MiB, each sent whole and echoed before the next) come back
@@ -1586,6 +1639,7 @@ int main(int argc, char **argv)
 		{"slow_reader", case_slow_reader},
 		{"splice_mixed", case_splice_mixed},
 		{"slow_target", case_slow_target},
+		{"slow_host", case_slow_host},
 		{"reset_midway", case_reset_midway},
 		{"disconnect", case_disconnect},
 		{"list_close", case_list_close},
