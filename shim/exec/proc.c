@@ -50,7 +50,7 @@ static struct {
 } tab;
 
 /* Output is read through this buffer (loop thread only), a DATA frame at a time. */
-static uint8_t rbuf[FRAME_DATA_CHUNK];
+static uint8_t rbuf[4 * FRAME_DATA_CHUNK];
 static unsigned notify_gen;
 
 static struct ev_loop *loop_(void)
@@ -973,6 +973,12 @@ static void chan_read(struct proc_chan *c, int rounds)
 		} else {
 			p->owner_ops->output(p, p->owner, c->idx, rbuf, (size_t)r);
 			c->sent += (uint64_t)r;
+		}
+		if ((size_t)r >= FRAME_DATA_CHUNK && !c->pipe_grown && !p->pty) {
+			/* the command writes faster than we read: a deeper pipe, so that it
+			 * blocks less often and we read more per call */
+			c->pipe_grown = true;
+			fcntl(c->fd, F_SETPIPE_SZ, (int)sizeof(rbuf));
 		}
 		if ((size_t)r < want)
 			break; /* drained for now */

@@ -39,6 +39,7 @@ struct proc_chan {
 	struct ring ring; /* detached: the newest ring_bytes of output */
 	uint64_t sent;    /* foreground: bytes handed to the owner */
 	bool truncated;   /* collect mode: bytes were dropped */
+	bool pipe_grown;  /* made deeper once a read found it full (proc.c) */
 };
 
 /* How the table reports to the operations (op_exec.c, op_proc.c). Each callback gets
