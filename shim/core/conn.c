@@ -1050,7 +1050,7 @@ static void in_keep(struct conn *c, size_t off, size_t want)
  * next payload is not read into the buffer along with its header. */
 #define RX_BULK_S 1.0
 
-uint64_t conn_rx_spliced;
+uint64_t conn_rx_spliced, conn_rx_copied;
 static bool feeding; /* conn_feed(): the bytes come from its caller, not the socket */
 
 /* The op learns of the bytes spliced into its pipe so far (once the payload is all
@@ -1188,6 +1188,7 @@ static int rx_continue(struct conn *c)
 				rx_piped_tell(c);
 		} else if (st != NULL && st->ops != NULL && st->ops->data != NULL) {
 			/* (a stream gone meanwhile: its bytes are dropped) */
+			conn_rx_copied += (uint64_t)n;
 			struct shim_err e;
 			if (st->ops->data(st, c->in, (size_t)n, c->rx_fin && c->rx_left == 0, &e) < 0)
 				stream_abort(st, &e);

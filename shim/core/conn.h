@@ -186,8 +186,9 @@ void stream_grant(struct stream *st, uint32_t n);
 void stream_end(struct stream *st, const void *result, size_t len);
 void stream_fail(struct stream *st, const struct shim_err *err);
 /* DATA payload bytes spliced from connections into ops' pipes (stream_ops.data_pipe),
- * for tests and info. */
-extern uint64_t conn_rx_spliced;
+ * and those of such payloads that had to be read and given to data() instead (a pipe
+ * out of room), for tests. */
+extern uint64_t conn_rx_spliced, conn_rx_copied;
 /* One DATA frame of the len bytes waiting in the pipe pfd (len within the stream's
  * credit and max_frame): when nothing is queued on the connection, the header is
  * written and the payload spliced from the pipe straight to the peer; what the peer

@@ -10,6 +10,7 @@
 #include "worker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,14 +222,20 @@ static int echo_data(struct op *op, const uint8_t *buf, size_t len, bool fin, st
  * room for them. Made at the first big DATA, twice the stream's window: a pipe counts
  * slots, not bytes, and a splice from a socket may fill a slot with less than a page
  * (its pages come only as they are used). */
+size_t op_echo_pipe_real_size;
+
 static int echo_data_pipe(struct op *op, size_t n)
 {
 	struct echo *e = op->data;
 	if (e->len > 0 || e->fin)
 		return -1;
-	if (e->pipe_sz == 0 &&
-	    (e->pipe_sz = pipe_open(e->pfd, 2 * e->cap > (64u << 10) ? 2 * e->cap : (64u << 10))) == 0)
-		return -1;
+	if (e->pipe_sz == 0) {
+		e->pipe_sz = pipe_open(e->pfd, 2 * e->cap > (64u << 10) ? 2 * e->cap : (64u << 10));
+		if (e->pipe_sz == 0)
+			return -1;
+		if (op_echo_pipe_real_size > 0) /* tests: the pipe's slots run out before its bytes */
+			fcntl(e->pfd[1], F_SETPIPE_SZ, (int)op_echo_pipe_real_size);
+	}
 	return e->piped + n <= e->pipe_sz ? e->pfd[1] : -1;
 }
 

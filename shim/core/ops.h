@@ -13,6 +13,9 @@ struct op_kind;
 
 /* op_sys.c */
 extern const struct op_kind op_sys_info_kind, op_sys_echo_kind;
+/* Tests only (0: off): the real size of an echo's pipe, below the room it counts, as when
+ * a splice fills its slots with less than a page each: conn.c's fallback to data(). */
+extern size_t op_echo_pipe_real_size;
 /* op_fs.c: one-shot file operations (on workers); op_fs_copy.c */
 extern const struct op_kind op_fs_stat_kind, op_fs_mkdir_kind, op_fs_remove_kind, op_fs_rename_kind, op_fs_chmod_kind,
 	op_fs_chown_kind, op_fs_symlink_kind, op_fs_readlink_kind, op_fs_link_kind, op_fs_truncate_kind,
