@@ -53,6 +53,10 @@ struct journal_entry {
 
 static struct {
 	pthread_mutex_t mu;
+	/* Held while an entry is added or removed (its file and the lists together), and
+	 * taken for good by journal_atexit(): exit() in the middle of a worker's removal
+	 * would otherwise find the entry in no list while its file is still in the journal. */
+	pthread_mutex_t change_mu;
 	char dir[PATH_MAX];
 	int dfd; /* -1 until the first write creates the directory */
 	struct journal_entry *live;
@@ -63,7 +67,7 @@ static struct {
 	bool no_idle;               /* renames between the two cannot be done here: never keep one */
 	struct journal_entry *idle; /* through next; fd -1 */
 	unsigned n_idle;            /* in the list, or being renamed into the idle directory */
-} jr = {.mu = PTHREAD_MUTEX_INITIALIZER, .dfd = -1};
+} jr = {.mu = PTHREAD_MUTEX_INITIALIZER, .change_mu = PTHREAD_MUTEX_INITIALIZER, .dfd = -1};
 
 /* IDLE_REL NAME, for the *at calls on jr.dfd */
 static void idle_rel(const struct journal_entry *e, char *buf, size_t size)
@@ -246,6 +250,8 @@ static void journal_atexit(void)
 {
 	if (getpid() != jr.pid)
 		return;
+	/* not released: no worker changes the journal after this (the process is ending) */
+	pthread_mutex_lock(&jr.change_mu);
 	pthread_mutex_lock(&jr.mu);
 	for (struct journal_entry *e = jr.live; e != NULL; e = e->next) {
 		remove_temp(e->path);
@@ -317,7 +323,9 @@ static struct journal_entry *add_entry(const char *path, struct shim_err *err);
 struct journal_entry *journal_add(const char *path, struct shim_err *err)
 {
 	bool paused = fs_ctx_pause();
+	pthread_mutex_lock(&jr.change_mu);
 	struct journal_entry *e = add_entry(path, err);
+	pthread_mutex_unlock(&jr.change_mu);
 	fs_ctx_resume(paused);
 	return e;
 }
@@ -516,6 +524,7 @@ void journal_remove(struct journal_entry *e)
 {
 	if (e == NULL)
 		return;
+	pthread_mutex_lock(&jr.change_mu);
 	pthread_mutex_lock(&jr.mu);
 	if (e->prev != NULL)
 		e->prev->next = e->next;
@@ -531,6 +540,7 @@ void journal_remove(struct journal_entry *e)
 	if (!kept && unlinkat(jr.dfd, e->name, 0) < 0)
 		log_warn("journal: cannot remove entry %s: %s", e->name, strerror(errno));
 	fs_ctx_resume(paused);
+	pthread_mutex_unlock(&jr.change_mu);
 	if (kept)
 		return;
 	close(e->fd);
