@@ -170,6 +170,18 @@ static long duplex(int fd, const uint8_t *out, size_t outlen, uint8_t *in, size_
 	return duplex_sized(fd, out, outlen, in, cap, NULL, 0);
 }
 
+/* A tunnel to port inside: kind 0 forward (host listener -> port), 1 reverse. */
+static struct sbx_tunnel *open_kind(struct sbx_client *c, int kind, unsigned port)
+{
+	struct sbx_error err;
+	struct sbx_tunnel *t;
+	if (kind == 0)
+		CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, port, NULL, &t, &err), &err);
+	else
+		CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, port, NULL, &t, &err), &err);
+	return t;
+}
+
 /* ---- servers ("inside" or on the host: threads of this test) ---- */
 
 struct srv;
@@ -941,15 +953,10 @@ static void blast_or_echo_fn(struct srv *s, int fd)
 static int case_slow_reader(void)
 {
 	struct sbx_client *c = start();
-	struct sbx_error err;
 	struct srv s;
 	srv_start(&s, blast_or_echo_fn);
 	for (int kind = 0; kind < 2; kind++) {
-		struct sbx_tunnel *t;
-		if (kind == 0)
-			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
-		else
-			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		struct sbx_tunnel *t = open_kind(c, kind, s.port);
 		atomic_store(&s.sent, 0);
 		int a = tcp_connect(sbx_tunnel_port(t));
 		CHECK(a >= 0);
@@ -1030,18 +1037,13 @@ static void slow_echo_fn(struct srv *s, int fd)
 static int case_slow_target(void)
 {
 	struct sbx_client *c = start();
-	struct sbx_error err;
 	struct srv s;
 	srv_start(&s, slow_echo_fn);
 	size_t len = 12 * MiB;
 	uint8_t *out = malloc(len), *in = malloc(len);
 	CHECK(out != NULL && in != NULL);
 	for (int kind = 0; kind < 2; kind++) {
-		struct sbx_tunnel *t;
-		if (kind == 0)
-			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
-		else
-			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		struct sbx_tunnel *t = open_kind(c, kind, s.port);
 		it_fill(out, len, 123 + (uint64_t)kind);
 		int fd = tcp_connect(sbx_tunnel_port(t));
 		CHECK(fd >= 0);
@@ -1075,18 +1077,13 @@ static void blast_big_fn(struct srv *s, int fd)
 static int case_slow_host(void)
 {
 	struct sbx_client *c = start();
-	struct sbx_error err;
 	struct srv s;
 	srv_start(&s, blast_big_fn);
 	uint8_t *want = malloc(BLAST), *got = malloc(BLAST);
 	CHECK(want != NULL && got != NULL);
 	it_fill(want, BLAST, 99);
 	for (int kind = 0; kind < 2; kind++) {
-		struct sbx_tunnel *t;
-		if (kind == 0)
-			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
-		else
-			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		struct sbx_tunnel *t = open_kind(c, kind, s.port);
 		int fd = tcp_connect(sbx_tunnel_port(t));
 		CHECK(fd >= 0);
 		send_all(fd, "B", 1);
@@ -1123,7 +1120,6 @@ static int case_slow_host(void)
 static int case_splice_mixed(void)
 {
 	struct sbx_client *c = start();
-	struct sbx_error err;
 	struct srv s;
 	srv_start(&s, echo_fn);
 	static const size_t sizes[] = {1, 300 * KiB + 5, 3, 64 * KiB, 2, MiB, 4 * KiB - 1, 700 * KiB, 1};
@@ -1131,11 +1127,7 @@ static int case_splice_mixed(void)
 	uint8_t *out = malloc(cap), *in = malloc(cap);
 	CHECK(out != NULL && in != NULL);
 	for (int kind = 0; kind < 2; kind++) {
-		struct sbx_tunnel *t;
-		if (kind == 0)
-			CHECK_SBX(sbx_forward_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
-		else
-			CHECK_SBX(sbx_reverse_open(c, NULL, 0, NULL, s.port, NULL, &t, &err), &err);
+		struct sbx_tunnel *t = open_kind(c, kind, s.port);
 		int fd = tcp_connect(sbx_tunnel_port(t));
 		CHECK(fd >= 0);
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
