@@ -65,8 +65,7 @@ static void client_destroy(struct sbx_client *c)
 	pthread_cond_destroy(&c->cv);
 	sbx__rx_free(c->part);
 	sbx__rx_free(c->part_marker);
-	if (c->part_pipe != NULL)
-		sbx__rx_pipe_put(c->part_pipe);
+	sbx__rx_pipe_put(c->part_pipe);
 	free(c->in);
 	free(c->strings);
 	free(c);

@@ -2,9 +2,10 @@
  * to its call (queued DATA and EVENT, credit, END, ERROR), answer PINGs, and share the
  * role between waiting threads and background relays. */
 #include "internal.h"
+#include "pipes.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <fcntl.h> /* splice */
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,20 +415,12 @@ static struct rx_pipe *pipe_room(struct call *k, size_t n)
 		p = calloc(1, sizeof(*p));
 		if (p == NULL)
 			return NULL;
-		if (pipe2(p->fd, O_CLOEXEC | O_NONBLOCK) < 0) {
+		/* twice the credit the shim may have out (the tunnel's extra window too) */
+		size_t want = 4 * (size_t)k->client->my_window;
+		if ((p->cap = pipe_open(p->fd, want > (1u << 20) ? want : 1u << 20)) == 0) {
 			free(p);
 			return NULL;
 		}
-		/* twice the credit the shim may have out (the tunnel's extra window too) */
-		size_t want = 4 * (size_t)k->client->my_window;
-		if (want < (1u << 20))
-			want = 1u << 20;
-		int sz = fcntl(p->fd[1], F_SETPIPE_SZ, want < (1u << 30) ? (int)want : 1 << 30);
-		if (sz < 0) /* EPERM: over fs.pipe-max-size without CAP_SYS_RESOURCE */
-			sz = fcntl(p->fd[1], F_SETPIPE_SZ, 1 << 20);
-		if (sz < 0)
-			sz = fcntl(p->fd[1], F_GETPIPE_SZ);
-		p->cap = sz > 0 ? (size_t)sz : 4096;
 		p->refs = 1;
 		k->rx_pipe = p;
 	}
@@ -524,7 +517,7 @@ static bool pipe_part_start(struct sbx_client *c, struct call *k, const struct f
 	 * pages, within the room counted) */
 	size_t put = 0;
 	while (put < b->len) {
-		const uint8_t *q = rx_peek(b, 1);
+		const uint8_t *q = (const uint8_t *)b->iov[b->i].iov_base + b->off;
 		size_t piece = b->iov[b->i].iov_len - b->off;
 		if (piece > b->len)
 			piece = b->len;
@@ -715,13 +708,6 @@ static ssize_t rx_read_noted(struct sbx_client *c, const struct rx_read *r)
 	return n;
 }
 
-/* Read as r lays out, waiting up to timeout_ms if nothing is there: bytes read, 0 at
- * end of file, -1 with errno (EAGAIN: nothing was read). While data streams in, it
- * reads first and polls only when nothing is there, which saves a poll() per read. When
- * the last read emptied the socket and no big DATA streams in (a call waiting for its
- * answer: a ping, a stat), it polls first, as the read would only say EAGAIN: one
- * syscall less per call. (A cancel still wakes us: the waiters check their token every
- * round, and the eventfd is drained by the next poll.) */
 /* Wait up to timeout_ms for the socket to be readable (a wake-up through the eventfd is
  * drained on the way). */
 static bool rx_wait_input(struct sbx_client *c, int timeout_ms)
@@ -736,6 +722,13 @@ static bool rx_wait_input(struct sbx_client *c, int timeout_ms)
 	return pr > 0 && (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
 }
 
+/* Read as r lays out, waiting up to timeout_ms if nothing is there: bytes read, 0 at
+ * end of file, -1 with errno (EAGAIN: nothing was read). While data streams in, it
+ * reads first and polls only when nothing is there, which saves a poll() per read. When
+ * the last read emptied the socket and no big DATA streams in (a call waiting for its
+ * answer: a ping, a stat), it polls first, as the read would only say EAGAIN: one
+ * syscall less per call. (A cancel still wakes us: the waiters check their token every
+ * round, and the eventfd is drained by the next poll.) */
 static ssize_t rx_read_some(struct sbx_client *c, const struct rx_read *r, int timeout_ms)
 {
 	if (!(c->rx_drained && !c->rx_bulk && timeout_ms != 0)) {
@@ -874,8 +867,6 @@ static void reader_bury(struct sbx_client *c, struct call **done_list)
 	}
 }
 
-/* The reader role: read what arrives within timeout_ms, route whole frames. Called
- * without mu, by the one thread holding c->reading. */
 /* The reader role with a piped payload coming in: splice what is there into the pipe,
  * waiting up to timeout_ms if nothing is. */
 static void reader_splice(struct sbx_client *c, int timeout_ms)
@@ -927,6 +918,8 @@ static void reader_splice(struct sbx_client *c, int timeout_ms)
 	sbx__run_done(done_list);
 }
 
+/* The reader role: read what arrives within timeout_ms, route whole frames. Called
+ * without mu, by the one thread holding c->reading. */
 static void reader_run(struct sbx_client *c, int timeout_ms)
 {
 	if (c->part_pipe != NULL) {

@@ -4,6 +4,7 @@
 #include "mount.h"
 #include "op.h"
 #include "ops.h"
+#include "pipes.h"
 #include "proc.h"
 #include "server.h"
 #include "util.h"
@@ -124,11 +125,7 @@ static void echo_pump_pipe(struct op *op)
 	struct echo *e = op->data;
 	struct stream *st = op->st;
 	while (e->piped > 0) {
-		size_t n = stream_can_send(st);
-		if ((int64_t)n > st->send_credit)
-			n = st->send_credit > 0 ? (size_t)st->send_credit : 0;
-		if (n > st->conn->max_frame)
-			n = st->conn->max_frame;
+		size_t n = stream_can_send(st); /* within the credit and the frame size */
 		if (n > e->piped)
 			n = e->piped;
 		if (n == 0)
@@ -218,12 +215,12 @@ static int echo_data(struct op *op, const uint8_t *buf, size_t len, bool fin, st
 	return 0;
 }
 
+size_t op_echo_pipe_real_size;
+
 /* The pipe for n more bytes: only with nothing in buf (they would overtake it), and
  * room for them. Made at the first big DATA, twice the stream's window: a pipe counts
  * slots, not bytes, and a splice from a socket may fill a slot with less than a page
  * (its pages come only as they are used). */
-size_t op_echo_pipe_real_size;
-
 static int echo_data_pipe(struct op *op, size_t n)
 {
 	struct echo *e = op->data;

@@ -1,7 +1,6 @@
-/* util.c: the helpers of util.h that are not inline (uuid4, pipe_open). */
+/* util.c: the helpers of util.h that are not inline (uuid4). */
 #include "util.h"
 
-#include <fcntl.h>
 #include <stdio.h>
 #include <sys/random.h>
 #include <time.h>
@@ -26,18 +25,4 @@ void uuid4(char out[37])
 	r[8] = (uint8_t)((r[8] & 0x3f) | 0x80); /* variant 10 */
 	snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2],
 		 r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
-}
-
-size_t pipe_open(int fds[2], size_t want)
-{
-	if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) < 0) {
-		fds[0] = fds[1] = -1;
-		return 0;
-	}
-	int sz = fcntl(fds[1], F_SETPIPE_SZ, want < (1u << 30) ? (int)want : 1 << 30);
-	if (sz < 0) /* EPERM: over fs.pipe-max-size (1 MiB by default) without CAP_SYS_RESOURCE */
-		sz = fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
-	if (sz < 0)
-		sz = fcntl(fds[1], F_GETPIPE_SZ);
-	return sz > 0 ? (size_t)sz : 4096;
 }

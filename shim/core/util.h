@@ -1,4 +1,4 @@
-/* util.h: small helpers shared by the daemon's files: container_of, cleanup attributes, clocks, uuid4, pipe_open. */
+/* util.h: small helpers shared by the daemon's files: container_of, cleanup attributes, clocks, uuid4. */
 #ifndef SHIM_UTIL_H
 #define SHIM_UTIL_H
 
@@ -41,9 +41,6 @@ static inline void cleanup_closep(int *fd)
 
 /* A random (version 4) UUID, lowercase, NUL-terminated: 36 characters. */
 void uuid4(char out[37]);
-/* A non-blocking, close-on-exec pipe of want bytes if it may be (else 1 MiB, else the
- * default size): its capacity, or 0 (errno; fds -1) when no pipe could be made. */
-size_t pipe_open(int fds[2], size_t want);
 
 static inline uint64_t mono_ns(void)
 {

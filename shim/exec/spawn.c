@@ -26,16 +26,17 @@
  *  - the worker thread that forks is suspended until the child has exec'd, and
  *    execve() opens and reads the program (and a "#!" interpreter) before it lets
  *    the parent go: a program on a network or FUSE filesystem that hangs would hold
- *    that worker for good. The prepare checks that the program is an ELF file (no "#!" interpreter to look up)
- *    on a local filesystem (a fixed list of types); anything else gets fork();
+ *    that worker for good. The prepare checks that the program is an ELF file (no
+ *    "#!" interpreter to look up) on a local filesystem (a fixed list of types);
+ *    anything else gets fork();
  *  - on an overloaded machine the child may wait for a CPU before it gets to
  *    execve(), and the forking thread waits with it (measured when the loop forked:
  *    5-25 ms at a load of 4 per core, where a burst of execs in one loop iteration
  *    then added up past 100 ms). When vfork gets slow, fork() takes over for
- *    VFORK_BACKOFF_NS: fork() costs a fixed ~0.2 ms, never a wait on the child. "Slow" is a
- *    moving average (1/8 per spawn) above VFORK_SLOW_NS, not one slow spawn: on
- *    a machine with a load of about 1 per core, one vfork in a few hundred takes
- *    over 2 ms, and switching on each of those kept fork() on most of the time
+ *    VFORK_BACKOFF_NS: fork() costs a fixed ~0.2 ms, never a wait on the child.
+ *    "Slow" is a moving average (1/8 per spawn) above VFORK_SLOW_NS, not one slow
+ *    spawn: on a machine with a load of about 1 per core, one vfork in a few hundred
+ *    takes over 2 ms, and switching on each of those kept fork() on most of the time
  *    (measured: the /bin/true round trip 1.8-2.0x a bare posix_spawn+waitpid
  *    instead of 1.35-1.45x). A single vfork of 8 x VFORK_SLOW_NS still switches
  *    at once, a run of 5 ms ones after two or three.

@@ -81,8 +81,8 @@ void spawn_plan_init(struct spawn_plan *pl);
 int spawn_prepare(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, struct shim_err *err);
 /* On the worker that prepared pl, or any thread: fork (or clone with
  * CLONE_VM|CLONE_VFORK when pl->vfork); the child sets itself up and execs. A pid
- * forked off the loop thread is watched with reaper_watch_since(). Returns the pid; the child's ends of the
- * pipes are closed here (ours stay in pl). -1 with err. After a vfork (pl->vfork
+ * forked off the loop thread is watched with reaper_watch_since(). Returns the pid;
+ * the child's ends of the pipes are closed here (ours stay in pl). -1 with err. After a vfork (pl->vfork
  * still true) the exec's result is known on return: pl->vfailed and pl->vfail;
  * after a fork it comes through pl->errp_r. */
 pid_t spawn_fork(struct spawn_plan *pl, struct shim_err *err);

@@ -14,6 +14,7 @@
 #include "netaddr.h"
 #include "op.h"
 #include "ops.h"
+#include "pipes.h"
 #include "server.h"
 #include "util.h"
 
@@ -277,6 +278,15 @@ static void tc_grant(struct tconn *tc, uint32_t n)
 	tc->owed = 0;
 }
 
+/* n of the client's bytes went into the socket: counted, and their credit on its way back. */
+static void tc_wrote(struct tconn *tc, size_t n)
+{
+	tc->bytes_in += (uint64_t)n;
+	if (tc->t != NULL)
+		tc->t->bytes_in += (uint64_t)n;
+	tc_grant(tc, (uint32_t)n);
+}
+
 static void tc_writable(struct op *op)
 {
 	tc_read(op->data);
@@ -296,10 +306,7 @@ static int tc_data(struct op *op, const uint8_t *buf, size_t len, bool fin, stru
 		if (w > 0) {
 			buf += w;
 			len -= (size_t)w;
-			tc->bytes_in += (uint64_t)w;
-			if (tc->t != NULL)
-				tc->t->bytes_in += (uint64_t)w;
-			tc_grant(tc, (uint32_t)w);
+			tc_wrote(tc, (size_t)w);
 		}
 	}
 	if (len > 0) {
@@ -525,10 +532,7 @@ static bool tc_flush_pipe(struct tconn *tc)
 			return false;
 		}
 		tc->rpiped -= (size_t)w;
-		tc->bytes_in += (uint64_t)w;
-		if (tc->t != NULL)
-			tc->t->bytes_in += (uint64_t)w;
-		tc_grant(tc, (uint32_t)w);
+		tc_wrote(tc, (size_t)w);
 	}
 	return true;
 }
@@ -552,10 +556,7 @@ static void tc_flush(struct tconn *tc)
 		}
 		tc->woff += (size_t)w;
 		tc->wlen -= (size_t)w;
-		tc->bytes_in += (uint64_t)w;
-		if (tc->t != NULL)
-			tc->t->bytes_in += (uint64_t)w;
-		tc_grant(tc, (uint32_t)w);
+		tc_wrote(tc, (size_t)w);
 	}
 	tc->woff = 0;
 	ev_io_stop(srv->loop, &tc->wio);
