@@ -1168,6 +1168,107 @@ static int case_splice_mixed(void)
 	return 0;
 }
 
+/* libsbx's credit on a relayed connection (PROTOCOL.md 12.5), seen in its frame trace:
+ * a connection that carries a few bytes each way gets no WINDOW from it at all; a bulk
+ * one gets WINDOWs of at least 64 KiB, the first with the extra 256 KiB on top. */
+struct grants {
+	pthread_mutex_t mu;
+	unsigned conn[4]; /* streams of the tunnel_connect requests, in order */
+	int nconn;
+	unsigned win_stream[256], win[256]; /* WINDOWs sent */
+	int nwin;
+};
+
+static void grants_trace(void *ud, const char *line)
+{
+	struct grants *g = ud;
+	unsigned stream, n;
+	pthread_mutex_lock(&g->mu);
+	if (sscanf(line, "> REQUEST stream=%u", &stream) == 1 && strstr(line, "tunnel_connect") != NULL && g->nconn < 4)
+		g->conn[g->nconn++] = stream;
+	else if (sscanf(line, "> WINDOW stream=%u len=4 +%u", &stream, &n) == 2 && g->nwin < 256) {
+		g->win_stream[g->nwin] = stream;
+		g->win[g->nwin++] = n;
+	}
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* The WINDOWs sent on stream, in order, into v (at most cap); their count. */
+static int grants_on(struct grants *g, unsigned stream, unsigned *v, int cap)
+{
+	int n = 0;
+	pthread_mutex_lock(&g->mu);
+	for (int i = 0; i < g->nwin; i++)
+		if (g->win_stream[i] == stream && n < cap)
+			v[n++] = g->win[i];
+	pthread_mutex_unlock(&g->mu);
+	return n;
+}
+
+static int case_grants(void)
+{
+	const char *sp = it_path("s.sock");
+	daemon_ = it_daemon_start("shim", "--listen", it_unix_target(sp), "--state-dir", it_path("state"), NULL);
+	static struct grants g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+	struct sbx_connect_opts o = SBX_CONNECT_OPTS_INIT;
+	o.trace = grants_trace;
+	o.trace_ud = &g;
+	struct sbx_client *c;
+	struct sbx_error err;
+	CHECK_SBX(sbx_connect(it_unix_target(sp), &o, &c, &err), &err);
+	struct srv s;
+	srv_start(&s, echo_fn);
+	struct sbx_tunnel *t = open_kind(c, 0, s.port);
+	size_t big = 2 * MiB;
+	uint8_t *out = malloc(big), *in = malloc(big);
+	CHECK(out != NULL && in != NULL);
+	/* 3 bytes there and back before either side ends: the bytes were written to our
+	 * socket, and still no credit went back for them */
+	int fd = tcp_connect(sbx_tunnel_port(t));
+	CHECK(fd >= 0);
+	send_all(fd, "abc", 3);
+	size_t got = 0;
+	while (got < 3) {
+		ssize_t n = recv(fd, in + got, 3 - got, 0);
+		CHECKF(n > 0, "echo: %s", n < 0 ? strerror(errno) : "EOF");
+		got += (size_t)n;
+	}
+	CHECK(memcmp(in, "abc", 3) == 0);
+	shutdown(fd, SHUT_WR);
+	CHECK_EQ(recv_all(fd, in, big), 0);
+	close(fd);
+	wait_list_idle(c, sbx_tunnel_id(t));
+
+	it_fill(out, big, 41);
+	fd = tcp_connect(sbx_tunnel_port(t));
+	CHECK(fd >= 0);
+	CHECK_EQ(duplex(fd, out, big, in, big), (long)big);
+	CHECK(memcmp(out, in, big) == 0);
+	close(fd);
+	wait_list_idle(c, sbx_tunnel_id(t));
+	pthread_mutex_lock(&g.mu);
+	CHECK_EQ(g.nconn, 2);
+	pthread_mutex_unlock(&g.mu);
+	unsigned v[256];
+	CHECK_EQ(grants_on(&g, g.conn[0], v, 256), 0);
+	int n = grants_on(&g, g.conn[1], v, 256);
+	CHECKF(n >= 2, "%d WINDOWs for 2 MiB", n);
+	CHECKF(v[0] >= 64 * KiB + 256 * KiB, "first WINDOW +%u", v[0]);
+	uint64_t sum = v[0];
+	for (int i = 1; i < n; i++) {
+		CHECKF(v[i] >= 64 * KiB, "WINDOW %d: +%u", i, v[i]);
+		sum += v[i];
+	}
+	/* credit only for bytes written to the local socket, plus the extra window */
+	CHECKF(sum <= big + 256 * KiB, "%llu bytes of credit for %zu", (unsigned long long)sum, big);
+	free(out);
+	free(in);
+	sbx_tunnel_close(t);
+	srv_stop(&s);
+	sbx_client_close(c);
+	return 0;
+}
+
 /* The server inside sends 8 MiB and then resets its connection (RST) before the client
  * reads a byte: the client gets an exact prefix of those bytes and then ECONNRESET, never
  * a clean EOF; the next connection through the same tunnel works. */
@@ -1630,6 +1731,7 @@ int main(int argc, char **argv)
 		{"stdio", case_stdio},
 		{"slow_reader", case_slow_reader},
 		{"splice_mixed", case_splice_mixed},
+		{"grants", case_grants},
 		{"slow_target", case_slow_target},
 		{"slow_host", case_slow_host},
 		{"reset_midway", case_reset_midway},
