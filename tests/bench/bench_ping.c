@@ -5,7 +5,10 @@
  * the echo child on one CPU. In a VM the first is bimodal on a quiet machine: a wake-up sent to
  * an idle vCPU costs some 50 us (measured here: either side's p50 at 10 or 55-80 us from one
  * run to the next), which is the hypervisor's, not the protocol's; the one-CPU figure has no
- * cross-CPU wake-up on either side and shows what the protocol costs. */
+ * cross-CPU wake-up on either side and shows what the protocol costs. A third run puts the
+ * daemon and the echo child on one CPU and the bench on the other: every round trip then pays
+ * two cross-CPU wake-ups on both sides alike (as placed, the scheduler may keep the echo child
+ * beside the bench and not the daemon, or the other way round). */
 #include "bench_util.h"
 #include "sbx.h"
 
@@ -95,15 +98,32 @@ static void bare_pings(int fd, uint64_t *lat, int n)
 	}
 }
 
-static void measure(const char *how)
+static void pin(int cpu)
+{
+	cpu_set_t one;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	if (sched_setaffinity(0, sizeof(one), &one) < 0) {
+		perror("bench_ping: sched_setaffinity");
+		exit(1);
+	}
+}
+
+/* server_cpu >= 0: the daemon and the echo child run there (they inherit the mask), the
+ * bench on client_cpu. */
+static void measure(const char *how, int server_cpu, int client_cpu)
 {
 	char dir[256], sock[300];
 	bench_tmpdir(dir, sizeof(dir));
 	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+	if (server_cpu >= 0)
+		pin(server_cpu);
 	pid_t pid = bench_start_shim(SHIM_BIN, dir);
-	struct sbx_client *c = shim_connect(sock);
 	int fd;
 	pid_t echo = bare_start(&fd);
+	if (server_cpu >= 0)
+		pin(client_cpu);
+	struct sbx_client *c = shim_connect(sock);
 
 	shim_pings(c, NULL, WARMUP);
 	bare_pings(fd, NULL, WARMUP);
@@ -128,16 +148,20 @@ static void measure(const char *how)
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
-	measure("");
-	/* the daemon and the echo child inherit the mask */
-	int cpu = sched_getcpu();
-	cpu_set_t one;
-	CPU_ZERO(&one);
-	CPU_SET(cpu < 0 ? 0 : cpu, &one);
-	if (sched_setaffinity(0, sizeof(one), &one) < 0) {
-		perror("bench_ping: sched_setaffinity");
-		return 0;
+	cpu_set_t all;
+	if (sched_getaffinity(0, sizeof(all), &all) < 0) {
+		perror("bench_ping: sched_getaffinity");
+		return 1;
 	}
-	measure(", one CPU");
+	measure("", -1, -1);
+	/* two CPUs of those we may use: the daemon on the second, the bench on the first */
+	int cpus[2], n = 0;
+	for (int i = 0; i < CPU_SETSIZE && n < 2; i++)
+		if (CPU_ISSET(i, &all))
+			cpus[n++] = i;
+	if (n == 2)
+		measure(", daemon and echo on another CPU", cpus[1], cpus[0]);
+	int cpu = sched_getcpu();
+	measure(", one CPU", cpu < 0 ? cpus[0] : cpu, cpu < 0 ? cpus[0] : cpu);
 	return 0;
 }
