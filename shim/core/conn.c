@@ -1424,7 +1424,7 @@ static void handshake_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	conn_fail(c, &e);
 }
 
-/* ---- DATA spliced from a pipe (tunnels) ---- */
+/* ---- DATA spliced from a pipe (tunnels, a command's stdout) ---- */
 
 /* Write the frame's header, then splice its payload from the pipe, as far as the
  * socket takes them now. Returns the bytes of the frame (header included) sent. */
@@ -1481,7 +1481,7 @@ static int pipe_queue_rest(struct conn *c, uint32_t id, const uint8_t *hdr, int 
 			continue;
 		if (r <= 0) {
 			/* the bytes said to be in the pipe are not there: the frame cannot be finished */
-			conn_doom(c, "tunnel pipe short");
+			conn_doom(c, "pipe short");
 			return -1;
 		}
 		t->len += (size_t)r;

@@ -192,6 +192,16 @@ static void exec_output(struct proc *p, void *owner, int chan, const uint8_t *bu
 	stream_send_flagged(op->st, buf, len, chan == 1 ? FRAME_FLAG_STDERR : 0);
 }
 
+/* Bulk stdout, len bytes of it in the pipe fd (within exec_room()): its header, then its
+ * pages spliced from the command's pipe into the socket; what the socket does not take is
+ * read from the pipe into the connection's output, in order behind what is queued. */
+static void exec_output_pipe(struct proc *p, void *owner, int fd, size_t len)
+{
+	(void)p;
+	struct op *op = owner;
+	stream_send_pipe(op->st, fd, len);
+}
+
 static void exec_finished(struct proc *p, void *owner)
 {
 	struct op *op = owner;
@@ -218,6 +228,7 @@ static const struct proc_owner_ops exec_owner_ops = {
 	.failed = exec_failed,
 	.room = exec_room,
 	.output = exec_output,
+	.output_pipe = exec_output_pipe,
 	.finished = exec_finished,
 	.taken = exec_taken,
 };

@@ -54,6 +54,9 @@ struct proc_owner_ops {
 	 * proc_owner_writable() once it can. */
 	size_t (*room)(struct proc *p, void *owner);
 	void (*output)(struct proc *p, void *owner, int chan, const uint8_t *buf, size_t len); /* chan 1: stderr */
+	/* Optional: stdout's next len bytes, which are in the pipe fd, taken straight from it
+	 * (splice: the pipe's pages go to the client without being copied twice). */
+	void (*output_pipe)(struct proc *p, void *owner, int fd, size_t len);
 	void (*finished)(struct proc *p, void *owner); /* reaped, and the output closed */
 
 	/* An attachment (proc_attach_add): attach, wait, rmproc. */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -968,6 +969,97 @@ static int case_stdout_direct(void)
 	return 0;
 }
 
+/* A field of /proc/PID/io ("rchar", "wchar"). */
+static long long proc_io(pid_t pid, const char *field)
+{
+	char path[64], line[256], key[32];
+	snprintf(path, sizeof(path), "/proc/%d/io", (int)pid);
+	FILE *f = fopen(path, "re");
+	CHECK(f != NULL);
+	long long v = -1, x;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "%31[a-z_]: %lld", key, &x) == 2 && strcmp(key, field) == 0)
+			v = x;
+	fclose(f);
+	CHECK(v >= 0);
+	return v;
+}
+
+/* Wait until process pid sleeps in write(2) (its pipe is full). */
+static void wait_blocked_in_write(pid_t pid)
+{
+	char path[64], buf[128];
+	snprintf(path, sizeof(path), "/proc/%d/syscall", (int)pid);
+	uint64_t until = it_now_ms() + 20000;
+	for (;;) {
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		CHECK(fd >= 0);
+		ssize_t n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		CHECK(n > 0);
+		buf[n] = '\0';
+		if (atol(buf) == SYS_write)
+			return;
+		CHECKF(it_now_ms() < until, "process %d never blocked writing (%s)", (int)pid, buf);
+		it_sleep_ms(1);
+	}
+}
+
+/* Bulk stdout goes from the command's pipe to the client by splice: every byte arrives,
+ * in order, and the daemon does not read(2) most of them itself. Its /proc/PID/io rchar
+ * counts what it read, plus what its reaped children read (cat: the file, and a few KB
+ * of its libraries); the client reads 1 MiB at a time and, between, waits until cat is
+ * stuck on a full pipe, so the daemon always finds a full one when credit comes. */
+static int case_stdout_spliced(void)
+{
+	struct sbx_client *c = start();
+	size_t len = 16 * MIB;
+	uint8_t *data = malloc(len), *got = malloc(len);
+	CHECK(data != NULL && got != NULL);
+	it_fill(data, len, 23);
+	write_bytes(it_path("big"), data, len, 0644);
+	const char *argv[] = {"cat", it_path("big"), NULL};
+	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+	eo.argv = argv;
+	long long r0 = proc_io(daemon_->pid, "rchar");
+	struct sbx_proc *p;
+	struct sbx_error err;
+	CHECK_SBX(sbx_exec_start(c, NULL, &eo, 0, &p, &err), &err);
+	pid_t pid = (pid_t)sbx_proc_pid(p);
+	CHECK(pid > 0);
+	size_t total = 0, mark = 0;
+	for (;;) {
+		if (total >= mark && mark < len - MIB) {
+			wait_blocked_in_write(pid);
+			mark += MIB;
+		}
+		int ch = 0;
+		static uint8_t extra[64]; /* the EOF, or bytes beyond len (counted, and failed below) */
+		long n = total < len ? sbx_proc_read(p, &ch, got + total, len - total < MIB ? len - total : MIB, &err) :
+				       sbx_proc_read(p, &ch, extra, sizeof(extra), &err);
+		CHECKF(n >= 0, "read: %s", it_errstr(&err));
+		if (n == 0)
+			break;
+		CHECK_EQ(ch, SBX_STDOUT);
+		total += (size_t)n;
+		CHECK(total <= len);
+	}
+	struct sbx_exit ex = SBX_EXIT_INIT;
+	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
+	CHECK_EQ(ex.exit_code, 0);
+	CHECK_EQ(total, len);
+	CHECK(memcmp(got, data, len) == 0);
+	sbx_proc_free(p);
+	/* cat's exit is reported once it is reaped, so its reads are counted by now */
+	long long own = proc_io(daemon_->pid, "rchar") - r0 - (long long)len;
+	printf("16 MiB of stdout: the daemon read %lld bytes itself\n", own);
+	CHECKF(own < (long long)len / 2, "the daemon read %lld of %zu bytes itself", own, len);
+	free(data);
+	free(got);
+	sbx_client_close(c);
+	return 0;
+}
+
 static int case_backpressure(void)
 {
 	struct sbx_client *c = start();
@@ -1658,6 +1750,7 @@ static const struct it_case cases[] = {
 	{"signal_by_id", case_signal_by_id},
 	{"backpressure", case_backpressure},
 	{"stdout_direct", case_stdout_direct},
+	{"stdout_spliced", case_stdout_spliced},
 	{"output_cap", case_output_cap},
 	{"pty", case_pty},
 	{"detached", case_detached},
