@@ -534,18 +534,23 @@ static void stream_free(struct stream *st)
 	free(st);
 }
 
-size_t stream_can_send(const struct stream *st)
+size_t stream_can_send_upto(const struct stream *st, size_t most)
 {
 	size_t room = conn_room(st->conn);
 	if (st->send_credit <= 0)
 		return 0;
 	if ((uint64_t)st->send_credit < room)
 		room = (size_t)st->send_credit;
-	if (room > FRAME_DATA_CHUNK)
-		room = FRAME_DATA_CHUNK;
+	if (room > most)
+		room = most;
 	if (room > st->conn->max_frame)
 		room = st->conn->max_frame;
 	return room;
+}
+
+size_t stream_can_send(const struct stream *st)
+{
+	return stream_can_send_upto(st, FRAME_DATA_CHUNK);
 }
 
 void stream_send_data(struct stream *st, const void *buf, size_t len, bool fin)

@@ -163,11 +163,12 @@ static void exec_failed(struct proc *p, void *owner, const struct shim_err *err)
 }
 
 /* Foreground output: as much as the stream's credit and queue allow. */
+/* Up to a pipe's worth (what proc.c reads, or splices as one frame, at a time). */
 static size_t exec_room(struct proc *p, void *owner)
 {
 	(void)p;
 	struct op *op = owner;
-	size_t n = stream_can_send(op->st);
+	size_t n = stream_can_send_upto(op->st, PROC_READ_MAX);
 	if (n == 0)
 		stream_wait_writable(op->st); /* then exec_writable() */
 	return n;

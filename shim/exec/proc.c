@@ -50,8 +50,8 @@ static struct {
 	uint64_t exit_seq;
 } tab;
 
-/* Output is read through this buffer (loop thread only), a DATA frame at a time. */
-static uint8_t rbuf[4 * FRAME_DATA_CHUNK];
+/* Output is read through this buffer (loop thread only), up to PROC_READ_MAX at a time. */
+static uint8_t rbuf[PROC_READ_MAX];
 static unsigned notify_gen;
 
 static struct ev_loop *loop_(void)

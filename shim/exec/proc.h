@@ -18,6 +18,7 @@ struct spawn_plan;
 #define PROC_MAX_EXITED 1024         /* exited detached processes kept; the oldest dropped */
 #define PROC_RING_DEFAULT (1u << 20) /* per stream */
 #define PROC_RING_MAX (16u << 20)    /* largest ring_bytes a request may ask for */
+#define PROC_READ_MAX (256u << 10)   /* output read (or spliced as one frame) at a time */
 #define PROC_LINGER_MS 100           /* output still open this long after the exit: cut */
 #define PROC_GRACE_DEFAULT_MS 5000   /* SIGTERM -> SIGKILL on timeout */
 #define PROC_ID_MAX 63               /* [A-Za-z0-9._-]{1,63} */
