@@ -364,8 +364,11 @@ int main(void)
 		snprintf(rdir, sizeof(rdir), "%s/restored", scratch);
 		struct result ob = {0}, tb = {0}, orr = {0}, trr = {0};
 		for (unsigned i = 0; i < tries; i++) {
-			/* interleaved, so that a busy spell of the machine hits both */
+			/* interleaved, so that a busy spell of the machine hits both; each
+			 * writes a new file (removing the last run's archive is no part of it) */
+			unlink(ours_a);
 			ours_backup(c, z, ours_a, &ob);
+			unlink(tar_a);
 			tar_backup(z, tar_a, &tb);
 		}
 		for (unsigned i = 0; i < tries; i++) {
