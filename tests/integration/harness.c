@@ -201,6 +201,46 @@ unsigned it_count_fds(pid_t pid)
 	return it_count_entries(path);
 }
 
+/* Every thread of pid stopped ('T' or 't' in /proc/PID/task/TID/stat); false while one
+ * still runs (kill(SIGSTOP) returns before the other threads have taken the stop). */
+static bool all_threads_stopped(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	CHECKF(d != NULL, "%s: %s", path, strerror(errno));
+	bool stopped = true;
+	struct dirent *e;
+	while (stopped && (e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		char sp[400], buf[512];
+		snprintf(sp, sizeof(sp), "%s/%s/stat", path, e->d_name);
+		int fd = open(sp, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue; /* a thread that just exited */
+		ssize_t n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		const char *rp = strrchr(buf, ')'); /* the name may hold spaces and parens */
+		stopped = rp != NULL && (rp[2] == 'T' || rp[2] == 't');
+	}
+	closedir(d);
+	return stopped;
+}
+
+void it_stop_process(pid_t pid)
+{
+	CHECKF(kill(pid, SIGSTOP) == 0, "kill(%d, SIGSTOP): %s", (int)pid, strerror(errno));
+	uint64_t until = it_now_ms() + 10000;
+	while (!all_threads_stopped(pid)) {
+		CHECKF(it_now_ms() < until, "process %d: not all its threads stopped", (int)pid);
+		it_sleep_ms(1);
+	}
+}
+
 void it_fill(void *buf, size_t len, uint64_t seed)
 {
 	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;

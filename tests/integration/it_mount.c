@@ -831,7 +831,7 @@ static int case_flush_timeout(void)
 	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
-	CHECK(kill(s3_->pid, SIGSTOP) == 0);
+	it_stop_process(s3_->pid);
 	char cmd[1200];
 	snprintf(cmd, sizeof(cmd), "echo pending > '%s/pending.txt'", mnt);
 	CHECK_EQ(sh_status(c, cmd, NULL, 0), 0);
@@ -985,7 +985,7 @@ static int case_hung(void)
 	struct sbx_mount_record rec = SBX_MOUNT_RECORD_INIT;
 	struct sbx_error err;
 	CHECK_SBX(sbx_mount(c, &no_timeout, "bkt", mnt, &mo, &rec, &err), &err);
-	CHECK(kill((pid_t)rec.rclone_pid, SIGSTOP) == 0);
+	it_stop_process((pid_t)rec.rclone_pid);
 	/* a stat on the hung path: cancelled from another thread after 300 ms */
 	struct sbx_cancel *tok = sbx_cancel_new();
 	struct sbx_call_opts copts = {.struct_size = sizeof(struct sbx_call_opts), .timeout_ms = -1, .cancel = tok};
@@ -1307,7 +1307,7 @@ static int case_snapshot(void)
 	CHECK_CONTAINS(s->message, "signal 9");
 	sbx_snapshot_result_free(&r);
 	/* a hung rclone (stopped): its check does not answer, resumed still does, in time */
-	CHECK(kill((pid_t)r1.rclone_pid, SIGSTOP) == 0);
+	it_stop_process((pid_t)r1.rclone_pid);
 	uint64_t t0 = it_now_ms();
 	CHECK_SBX(sbx_resumed(c, &timed, &ro, &r, &err), &err);
 	CHECKF(it_now_ms() - t0 < 15000, "resumed took %llu ms", (unsigned long long)(it_now_ms() - t0));
