@@ -33,13 +33,13 @@
 #define TUN_EXTRA_WINDOW (256u << 10) /* extra credit the shim gets on a connection */
 #define TUN_WRITE_ITEMS 16            /* DATA frames written to a local socket in one sendmsg */
 #define TUN_GRANT_MIN (64u << 10)     /* credit goes back in WINDOWs of this much at least */
-_Static_assert(FRAME_DEFAULT_WINDOW >= 4 * TUN_GRANT_MIN, "the shim's credit outlasts what is held back");
-#define TUN_PIPE_SIZE (256u << 10) /* the splice pipe: the most one spliced DATA frame carries */
+#define TUN_PIPE_SIZE (256u << 10)    /* the splice pipe: the most one spliced DATA frame carries */
 /* A read of TUN_BULK_MIN makes a connection "bulk" (spliced), a splice below
  * TUN_BULK_END ends it: a splice costs a syscall more than a copy, which only pays off
  * for big reads. */
 #define TUN_BULK_MIN (32u << 10)
 #define TUN_BULK_END (4u << 10)
+_Static_assert(FRAME_DEFAULT_WINDOW >= 4 * TUN_GRANT_MIN, "the shim's credit outlasts what is held back");
 
 enum tc_state {
 	TC_LOCAL_CONNECTING, /* reverse: connecting to the host address */
@@ -717,7 +717,7 @@ static void tc_write_local(struct sbx_tunnel *t, struct tc *tc)
 	 * wait: the shim's credit is far larger than what is held back (the initial window,
 	 * at least 4 * TUN_GRANT_MIN, then the extra window too), and a connection that
 	 * carries a few bytes costs no WINDOW, nor the shim a wake-up for it. */
-	if (tc->gone || tc->grant == 0 || tc->shut_wr || tc->grant < TUN_GRANT_MIN)
+	if (tc->gone || tc->shut_wr || tc->grant < TUN_GRANT_MIN)
 		return;
 	struct sbx_error e;
 	uint32_t n = tc->grant;

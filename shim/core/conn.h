@@ -141,8 +141,8 @@ void conn_feed(struct conn *c, const uint8_t *buf, size_t len);
 
 /* Streams. */
 struct stream *stream_lookup(struct conn *c, uint32_t id);
-/* Start sending DATA: how much may go now (credit and connection room), at most one
- * standard chunk (FRAME_DATA_CHUNK) or most (never beyond max_frame). */
+/* Start sending DATA: how much may go now (credit and connection room), at most
+ * FRAME_DATA_CHUNK (_upto: most) and never beyond max_frame. */
 size_t stream_can_send(const struct stream *st);
 size_t stream_can_send_upto(const struct stream *st, size_t most);
 /* Queue DATA: len within the stream's credit (and the connection's room:

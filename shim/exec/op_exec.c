@@ -162,8 +162,8 @@ static void exec_failed(struct proc *p, void *owner, const struct shim_err *err)
 	op_fail(op, err);
 }
 
-/* Foreground output: as much as the stream's credit and queue allow. */
-/* Up to a pipe's worth (what proc.c reads, or splices as one frame, at a time). */
+/* Foreground output: as much as the stream's credit and queue allow, up to a pipe's
+ * worth (what proc.c reads, or splices as one frame, at a time). */
 static size_t exec_room(struct proc *p, void *owner)
 {
 	(void)p;

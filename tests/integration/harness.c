@@ -201,6 +201,22 @@ unsigned it_count_fds(pid_t pid)
 	return it_count_entries(path);
 }
 
+ssize_t it_read_text(const char *path, char *buf, size_t size)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, size - 1);
+	int e = errno;
+	close(fd);
+	if (n < 0) {
+		errno = e;
+		return -1;
+	}
+	buf[n] = '\0';
+	return n;
+}
+
 /* Every thread of pid stopped ('T' or 't' in /proc/PID/task/TID/stat); false while one
  * still runs (kill(SIGSTOP) returns before the other threads have taken the stop). */
 static bool all_threads_stopped(pid_t pid)
@@ -216,14 +232,8 @@ static bool all_threads_stopped(pid_t pid)
 			continue;
 		char sp[400], buf[512];
 		snprintf(sp, sizeof(sp), "%s/%s/stat", path, e->d_name);
-		int fd = open(sp, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			continue; /* a thread that just exited */
-		ssize_t n = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-		if (n <= 0)
-			continue;
-		buf[n] = '\0';
+		if (it_read_text(sp, buf, sizeof(buf)) <= 0)
+			continue;                   /* a thread that just exited */
 		const char *rp = strrchr(buf, ')'); /* the name may hold spaces and parens */
 		stopped = rp != NULL && (rp[2] == 'T' || rp[2] == 't');
 	}

@@ -123,6 +123,9 @@ void it_write_file(const char *path, const char *content);
 /* Entries of dir whose names do not start with '.'; 0 when dir does not exist. Fails
  * the test when it cannot be read otherwise. */
 unsigned it_count_entries(const char *dir);
+/* Read a small file (a /proc one) into buf, NUL-terminated; its length, or -1 with errno
+ * when it cannot be opened or read. */
+ssize_t it_read_text(const char *path, char *buf, size_t size);
 /* SIGSTOP pid and wait until every one of its threads is stopped (fails the test
  * otherwise): a multi-threaded process may still answer for a moment after kill(). */
 void it_stop_process(pid_t pid);

@@ -992,12 +992,7 @@ static void wait_blocked_in_write(pid_t pid)
 	snprintf(path, sizeof(path), "/proc/%d/syscall", (int)pid);
 	uint64_t until = it_now_ms() + 20000;
 	for (;;) {
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		CHECK(fd >= 0);
-		ssize_t n = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-		CHECK(n > 0);
-		buf[n] = '\0';
+		CHECK(it_read_text(path, buf, sizeof(buf)) > 0);
 		if (atol(buf) == SYS_write)
 			return;
 		CHECKF(it_now_ms() < until, "process %d never blocked writing (%s)", (int)pid, buf);

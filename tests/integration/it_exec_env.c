@@ -215,12 +215,7 @@ static unsigned long long daemon_nofile(pid_t pid)
 {
 	char path[64], buf[4096];
 	snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	CHECK(fd >= 0);
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	CHECK(n > 0);
-	buf[n] = '\0';
+	CHECK(it_read_text(path, buf, sizeof(buf)) > 0);
 	char *l = strstr(buf, "Max open files");
 	CHECK(l != NULL);
 	return strtoull(l + strlen("Max open files"), NULL, 10);

@@ -685,12 +685,7 @@ static char proc_state(pid_t pid)
 {
 	char path[64], buf[512];
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	CHECK(fd >= 0);
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	CHECK(n > 0);
-	buf[n] = '\0';
+	CHECK(it_read_text(path, buf, sizeof(buf)) > 0);
 	const char *close_paren = strrchr(buf, ')');
 	CHECK(close_paren != NULL && close_paren[1] == ' ');
 	return close_paren[2];
