@@ -408,6 +408,7 @@ void sbx__call_free(struct call *k)
 	if (k == NULL)
 		return;
 	struct sbx_client *c = k->client;
+	sbx__call_unsink(k);
 	pthread_mutex_lock(&c->mu);
 	bool send_cancel = !k->done && !k->abandoned && k->id != 0 && !c->dead;
 	sbx__call_abandon_locked(k);

@@ -19,6 +19,9 @@ struct rx_item {
 	uint8_t type;
 	uint8_t flags;
 	bool piped; /* DATA whose len bytes wait in its call's rx_pipe, not in data */
+	/* DATA read straight into its call's sink (sbx__call_sink): the len bytes are at ext,
+	 * not in data (the item has no room: cap 0) */
+	uint8_t *ext;
 	uint32_t len;
 	uint32_t cap;
 	uint8_t data[];
@@ -72,6 +75,10 @@ struct call {
 	 * splices the bytes out (tunnel.c); the pipe is made by the reader when needed */
 	bool rx_pipe_ok;
 	struct rx_pipe *rx_pipe;
+	/* DATA may be read straight into the caller's memory (sbx__call_sink): the stream's
+	 * next DATA byte belongs at sink + sink_off (every DATA routed moves it on) */
+	uint8_t *sink;
+	size_t sink_cap, sink_off;
 };
 
 struct sbx_cancel {
@@ -108,6 +115,10 @@ struct sbx_client {
 	uint32_t part_pipe_left;
 	bool rx_hdr_only; /* a payload was piped: the next read takes a header alone */
 	bool rx_drained;  /* the last read emptied the socket: wait before the next one */
+	/* the call into whose sink the read in flight puts bytes (reader.c), or NULL:
+	 * sbx__call_unsink() waits for it to land */
+	struct call *rx_sink_busy;
+	uint32_t rx_sink_stream; /* the last stream whose DATA went into its sink, or 0 */
 	uint32_t next_id;
 	uint64_t next_ping;
 	struct call *calls;
@@ -243,6 +254,14 @@ struct sbx__download {
  * credit back. 0, or -1 with err set (path names what is read). */
 int sbx__download_data(struct call *k, struct sbx__download *d, const struct rx_item *it, uint64_t deadline,
 		       const char *path, struct sbx_error *err);
+/* The DATA the shim sends on k's stream from now on, until sbx__call_unsink(), may be
+ * read straight into buf (cap bytes; the position of the first byte not yet taken off
+ * the queue): popped items with ext set hold their bytes there, at the place they
+ * belong, and need no copy. Not for calls that take DATA piped (rx_pipe_ok). */
+void sbx__call_sink(struct call *k, void *buf, size_t cap);
+/* No more bytes go into the sink; returns once none is being read into it. Frames
+ * queued before keep pointing into it. sbx__call_free() calls it. */
+void sbx__call_unsink(struct call *k);
 /* Forget the call; sends CANCEL first if it is not done. */
 void sbx__call_free(struct call *k);
 /* Background relays (tunnel.c). A relay registers an eventfd that is written whenever

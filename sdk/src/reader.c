@@ -98,9 +98,55 @@ static struct rx_item *rx_alloc(uint32_t len)
 static struct rx_item *rx_alloc_data(uint32_t len)
 {
 	struct rx_item *it = rx_alloc(len);
-	if (it != NULL)
+	if (it != NULL) {
 		it->piped = false;
+		it->ext = NULL;
+	}
 	return it;
+}
+
+/* ---- DATA read straight into a call's sink ----
+ *
+ * A call that set a sink (sbx__call_sink) has its big DATA payloads read into the
+ * caller's memory, at the place they belong: the part's item (below) becomes an item
+ * without room (cap 0) whose ext points into the sink. As such frames come in any size
+ * (an echo's are what the shim's pipe held), the reads go frame by frame rather than
+ * by guesses: the part's rest and little more than the next header (rx_plan). A frame
+ * that is not at its place when it is routed (the sink ended, or more came than it
+ * holds) is copied into an item of its own (route_stream). */
+
+/* An item for a payload at ext. */
+static struct rx_item *rx_alloc_ext(uint8_t *ext)
+{
+	struct rx_item *it = malloc(sizeof(*it));
+	if (it != NULL) {
+		it->piped = false;
+		it->ext = ext;
+		it->cap = 0;
+	}
+	return it;
+}
+
+static uint8_t *rx_payload(struct rx_item *it)
+{
+	return it->ext != NULL ? it->ext : it->data;
+}
+
+/* With mu held: the item for a sunk payload of which have bytes are in, with its bytes
+ * in an item of its own (the sink is not the place for them). NULL when memory is short
+ * (it is then freed). */
+static struct rx_item *rx_own(struct rx_item *it, uint32_t have)
+{
+	struct rx_item *n = rx_alloc_data(it->len);
+	if (n != NULL) {
+		n->type = it->type;
+		n->flags = it->flags;
+		n->len = it->len;
+		n->next = NULL;
+		memcpy(n->data, it->ext, have);
+	}
+	sbx__rx_free(it);
+	return n;
 }
 
 void sbx__rx_free(struct rx_item *it)
@@ -211,6 +257,16 @@ static struct call *route_stream(struct sbx_client *c, const struct frame_hdr *h
 			return NULL;
 		}
 		k->recv_credit -= h->len;
+		if (it != NULL && it->ext != NULL &&
+		    !(k->sink != NULL && it->ext == k->sink + k->sink_off && h->len <= k->sink_cap - k->sink_off)) {
+			/* not its place: copied out of there, below */
+			sbx__rx_free(it);
+			it = NULL;
+		}
+		if (k->sink != NULL) {
+			k->sink_off += h->len;
+			c->rx_sink_stream = k->id; /* its next frame is read so (rx_plan) */
+		}
 		/* fall through */
 	case FRAME_EVENT:
 		if (it != NULL)
@@ -361,6 +417,46 @@ static bool rx_dropped(struct sbx_client *c, uint32_t stream)
 	return k == NULL || k->abandoned;
 }
 
+void sbx__call_sink(struct call *k, void *buf, size_t cap)
+{
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->mu);
+	k->sink = buf;
+	k->sink_cap = cap;
+	k->sink_off = k->rx_bytes; /* the queued DATA comes first */
+	pthread_mutex_unlock(&c->mu);
+}
+
+void sbx__call_unsink(struct call *k)
+{
+	struct sbx_client *c = k->client;
+	pthread_mutex_lock(&c->mu);
+	if (k->sink == NULL) {
+		pthread_mutex_unlock(&c->mu);
+		return;
+	}
+	k->sink = NULL; /* what lands there from now on is copied out (route_stream) */
+	if (c->rx_sink_stream == k->id)
+		c->rx_sink_stream = 0;
+	while (c->rx_sink_busy == k) {
+		/* a read into the sink may wait in poll(): it gives up at a wake-up */
+		uint64_t one = 1;
+		ssize_t w = write(c->wakefd, &one, sizeof(one));
+		(void)w;
+		pthread_cond_wait(&c->cv, &c->mu);
+	}
+	/* no read in flight, none begins without mu: a part begun in the sink moves out */
+	if (c->part != NULL && c->part->ext != NULL && c->part_stream == k->id) {
+		c->part = rx_own(c->part, c->part_got);
+		if (c->part == NULL) {
+			struct sbx_error e;
+			sbx__fail(&e, SBX_ERR_LOCAL, ENOMEM, NULL, "out of memory");
+			sbx__client_kill(c, &e);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
 /* DATA payloads at least this big go into a call's pipe when it takes them so (below). */
 #define RX_PIPE_MIN (16u << 10)
 static bool pipe_part_start(struct sbx_client *c, struct call *k, const struct frame_hdr *h, struct rx_bytes *b);
@@ -376,7 +472,8 @@ static bool part_start(struct sbx_client *c, const struct frame_hdr *h, struct r
 	struct call *k = find_call(c, h->stream, 0);
 	if (k->rx_pipe_ok && h->len >= RX_PIPE_MIN && pipe_part_start(c, k, h, b))
 		return true;
-	struct rx_item *it = rx_alloc_data(h->len);
+	bool sink = k->sink != NULL && h->len <= k->sink_cap - k->sink_off;
+	struct rx_item *it = sink ? rx_alloc_ext(k->sink + k->sink_off) : rx_alloc_data(h->len);
 	if (it == NULL)
 		return false;
 	it->next = NULL;
@@ -386,7 +483,7 @@ static bool part_start(struct sbx_client *c, const struct frame_hdr *h, struct r
 	c->part = it;
 	c->part_stream = h->stream;
 	c->part_got = (uint32_t)b->len;
-	rx_take(b, it->data, b->len);
+	rx_take(b, rx_payload(it), b->len);
 	return true;
 }
 
@@ -559,6 +656,9 @@ static ssize_t read_iov(struct sbx_client *c, const struct iovec *iov, int niov)
 	return n;
 }
 
+/* What a read takes beyond a payload going into a sink: a header and small frames. */
+#define RX_SINK_PEEK (FRAME_HDR_LEN + 64u)
+
 /* Where such a read puts its bytes: [the part's rest, or nothing], then up to
  * RX_SPEC_MAX times [header][spare payload room], then [header]. */
 struct rx_read {
@@ -567,7 +667,9 @@ struct rx_read {
 	uint8_t hdrs[RX_SPEC_MAX + 1][FRAME_HDR_LEN];
 	struct rx_item *spare[RX_SPEC_MAX];
 	unsigned nspare;
-	uint32_t guess; /* the payload room of each spare */
+	uint32_t guess;             /* the payload room of each spare */
+	struct call *sink_of;       /* the part's rest goes into this call's sink, or NULL */
+	uint8_t tail[RX_SINK_PEEK]; /* then the next header and a little, when it does */
 };
 
 /* With mu held, by the reader: route in order the frames such a read brought past the
@@ -648,19 +750,40 @@ static void route_read(struct sbx_client *c, struct rx_read *r, struct rx_bytes 
 	}
 }
 
-/* Lay out the next read in r: into the buffer's free room, or, when the buffer is empty
- * because a part began at the end of what was read or the last read brought big DATA and
- * ended with a whole frame, the part's rest (if any) and the guessed frames. */
+/* With mu held, by the reader: lay out the next read in r: into the buffer's free room,
+ * or, when the buffer is empty because a part began at the end of what was read or the
+ * last read brought big DATA and ended with a whole frame, the part's rest (if any) and
+ * the guessed frames; for DATA into a sink, frame by frame. */
 static void rx_plan(struct sbx_client *c, struct rx_read *r)
 {
 	r->niov = 0;
 	r->nspare = 0;
 	r->guess = 0;
+	r->sink_of = NULL;
 	if (c->rx_hdr_only && c->part == NULL && c->inlen == 0) {
 		/* the next payload may be piped too: leave it in the socket */
 		c->rx_hdr_only = false;
 		r->iov[r->niov++] = (struct iovec){c->in, FRAME_HDR_LEN};
 		return;
+	}
+	if (c->part != NULL && c->part->ext != NULL) {
+		/* the part goes into a sink (it belongs to the sink's call: sbx__call_unsink()
+		 * takes it out of the sink it ends), then little more than the next header:
+		 * frames come in any size, and the next payload goes where its header says (a
+		 * WINDOW before it fits in the room) */
+		r->sink_of = find_call(c, c->part_stream, 0);
+		r->iov[r->niov++] = (struct iovec){c->part->ext + c->part_got, c->part->len - c->part_got};
+		r->iov[r->niov++] = (struct iovec){r->tail, sizeof(r->tail)};
+		return;
+	}
+	if (c->part == NULL && c->inlen < RX_SINK_PEEK && c->rx_sink_stream != 0) {
+		/* the stream whose DATA came last into its sink may well send the next frame:
+		 * little more than a header, which makes the frame a part (route_buffer) */
+		struct call *k = find_call(c, c->rx_sink_stream, 0);
+		if (k != NULL && k->sink != NULL) {
+			r->iov[r->niov++] = (struct iovec){c->in + c->inlen, RX_SINK_PEEK - c->inlen};
+			return;
+		}
 	}
 	if (c->part == NULL && !(c->rx_bulk && c->inlen == 0)) {
 		r->iov[r->niov++] = (struct iovec){c->in + c->inlen, c->incap - c->inlen};
@@ -834,8 +957,8 @@ static void route_read_all(struct sbx_client *c, struct rx_read *r, size_t n, st
 					      .stream = c->part_stream,
 					      .type = whole->type,
 					      .flags = whole->flags};
-			sbx__trace_frame(c, "<", &h, whole->data);
-			route(c, &h, whole->data, whole, pongs, npongs, done_list);
+			sbx__trace_frame(c, "<", &h, rx_payload(whole));
+			route(c, &h, rx_payload(whole), whole, pongs, npongs, done_list);
 			bulk = true;
 		}
 		unsigned unused = 0;
@@ -927,10 +1050,20 @@ static void reader_run(struct sbx_client *c, int timeout_ms)
 		return;
 	}
 	struct rx_read r;
+	pthread_mutex_lock(&c->mu);
 	rx_plan(c, &r);
+	/* a part in a sink: its call does not end the sink until this read is routed */
+	c->rx_sink_busy = r.sink_of;
+	pthread_mutex_unlock(&c->mu);
 	ssize_t n = rx_read_some(c, &r, timeout_ms);
 	if (n < 0 && errno == EAGAIN) {
 		/* nothing was read */
+		if (c->rx_sink_busy != NULL) {
+			pthread_mutex_lock(&c->mu);
+			c->rx_sink_busy = NULL;
+			pthread_cond_broadcast(&c->cv);
+			pthread_mutex_unlock(&c->mu);
+		}
 		for (unsigned i = 0; i < r.nspare; i++)
 			sbx__rx_free(r.spare[i]);
 		return;
@@ -958,6 +1091,7 @@ static void reader_run(struct sbx_client *c, int timeout_ms)
 	}
 	if (c->dead)
 		reader_bury(c, &done_list);
+	c->rx_sink_busy = NULL;
 	pthread_cond_broadcast(&c->cv);
 	if (n > 0)
 		sbx__wake_relays(c);

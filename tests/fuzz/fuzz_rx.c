@@ -24,6 +24,10 @@
  *   stream 3  a request whose frames wait in its queue; once the input is over its END is decoded
  *             as a Result (sbx__wait_result)
  *   stream 5  given up on when its first frame arrives (later ones must be dropped)
+ *   stream 7  an echo's receiving loop (sbx_echo): its DATA may be read straight into its buffer
+ *             (sbx__call_sink), SINK_CAP bytes; each frame must be at its place there or be copied
+ *             there, and nothing may write into the buffer once the call is given up (when a
+ *             frame would not fit, or one starts with 0xfe)
  *   pings     seq 1 waits for "PONG 00000000 00000001"; seq 2 is an sbx_ping_async whose callback
  *             must run exactly once
  * What the client sends (HELLO, REQUESTs, WINDOW, CANCEL, PONG) is read and dropped.
@@ -33,6 +37,8 @@
 
 const char fuzz_name[] = "fuzz_rx";
 
+#define SINK_CAP 150000
+
 /* the canned HELLO_OK frame (bit 0 clear), made once */
 static uint8_t hello_ok[256];
 static size_t hello_ok_len;
@@ -41,7 +47,10 @@ struct fz {
 	struct sbx_client *c;
 	int peer; /* the shim's end */
 	bool dead;
-	struct call *dl, *req, *drop, *ping;
+	struct call *dl, *req, *drop, *ping, *echo;
+	uint8_t *sink, *shadow; /* the echo's buffer, and what it should hold */
+	size_t sink_got;
+	bool sink_ended; /* the echo was given up: its buffer holds SINK_GONE bytes only */
 	struct sbx__download d;
 	uint64_t sunk;
 	unsigned async_done;
@@ -107,6 +116,39 @@ static uint64_t deadline(void)
 	return sbx__now_ns() + 5000000000u;
 }
 
+#define SINK_GONE 0xaa
+
+/* The echo call ends: its buffer holds what its frames brought, and from now on nothing
+ * may write into it. */
+static void echo_end(struct fz *z)
+{
+	sbx__call_free(z->echo);
+	z->echo = NULL;
+	if (memcmp(z->sink, z->shadow, z->sink_got) != 0)
+		fuzz_die("the echo's buffer does not hold what its frames brought");
+	memset(z->sink, SINK_GONE, SINK_CAP);
+	z->sink_ended = true;
+}
+
+/* Take the echo's frames as sbx_echo does; false once it is given up. */
+static bool echo_take(struct fz *z, struct rx_item *it)
+{
+	struct sbx_error err;
+	if (it->type != FRAME_DATA)
+		return true;
+	if (it->len > SINK_CAP - z->sink_got)
+		return false; /* more than was sent */
+	if (it->ext != NULL && it->ext != z->sink + z->sink_got)
+		fuzz_die("DATA read into the echo's buffer at the wrong place");
+	if (it->ext == NULL)
+		memcpy(z->sink + z->sink_got, it->data, it->len);
+	memcpy(z->shadow + z->sink_got, z->sink + z->sink_got, it->len);
+	z->sink_got += it->len;
+	if (it->len > 0 && z->sink[z->sink_got - it->len] == 0xfe)
+		return false;
+	return sbx__call_grant(z->echo, it->len, deadline(), &err) == 0;
+}
+
 /* What a program does with the frames its calls got: not blocking, as the input
  * may not be all there yet. */
 static void service(struct fz *z)
@@ -122,6 +164,12 @@ static void service(struct fz *z)
 			sbx__call_free(z->dl);
 			z->dl = NULL;
 		}
+	}
+	while (z->echo != NULL && (it = sbx__call_pop(z->echo)) != NULL) {
+		bool more = echo_take(z, it);
+		sbx__rx_free(it);
+		if (!more)
+			echo_end(z);
 	}
 	if (z->drop != NULL && ((it = sbx__call_pop(z->drop)) != NULL || sbx__call_done(z->drop))) {
 		sbx__rx_free(it);
@@ -189,14 +237,16 @@ static void finish(struct fz *z)
 		sbx__call_free(z->drop);
 	if (z->ping != NULL)
 		sbx__call_free(z->ping);
+	if (z->echo != NULL)
+		echo_end(z);
 	z->dl = z->req = z->drop = z->ping = NULL;
 }
 
-/* The calls in flight: three streams (ids 1, 3, 5) and two pings (seq 1, 2). */
+/* The calls in flight: four streams (ids 1, 3, 5, 7) and two pings (seq 1, 2). */
 static int open_calls(struct fz *z)
 {
 	struct sbx_error err;
-	struct call **streams[] = {&z->dl, &z->req, &z->drop};
+	struct call **streams[] = {&z->dl, &z->req, &z->drop, &z->echo};
 	for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
 		struct call *k = sbx__call_new(z->c, true);
 		if (k == NULL)
@@ -207,6 +257,7 @@ static int open_calls(struct fz *z)
 	}
 	z->d.sink = sink_cb;
 	z->d.ud = z;
+	sbx__call_sink(z->echo, z->sink, SINK_CAP);
 	/* a ping whose PING the shim is taken to have had */
 	z->ping = sbx__call_new(z->c, false);
 	if (z->ping == NULL)
@@ -227,7 +278,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
 		fuzz_die("socketpair failed");
-	struct fz z = {.peer = sv[1]};
+	struct fz z = {.peer = sv[1], .sink = malloc(SINK_CAP), .shadow = malloc(SINK_CAP)};
+	if (z.sink == NULL || z.shadow == NULL)
+		fuzz_die("out of memory");
 
 	/* The handshake reads one frame: it is all in the socket before the client
 	 * looks, so the handshake never waits (an incomplete one is followed by the end). */
@@ -263,6 +316,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct sbx_error err;
 	if (sbx__client_adopt(sv[0], &o, &z.c, &err) < 0) {
 		close(z.peer);
+		free(z.sink);
+		free(z.shadow);
 		return 0;
 	}
 	/* what a program asks about the shim (the HelloReply's strings) */
@@ -290,6 +345,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	close(z.peer);
 	if (z.async_done != 1)
 		fuzz_die("the async ping's callback did not run exactly once");
+	for (size_t i = 0; z.sink_ended && i < SINK_CAP; i++)
+		if (z.sink[i] != SINK_GONE)
+			fuzz_die("bytes were read into the echo's buffer after it was given up");
+	free(z.sink);
+	free(z.shadow);
 	return 0;
 }
 

@@ -246,10 +246,11 @@ def conn_seeds():
 # Byte 0 (fuzz_rx.c): bit 0 the bytes start with the shim's answer to HELLO (else the harness
 # sends a HELLO_OK), bits 1-2 (bits + 1) chunks after the handshake, bit 3 trace every frame,
 # bits 4-7 move the split points. The client's calls: a download on stream 1, a request on
-# stream 3 (its END decoded at the end), stream 5 given up on at its first frame, a ping of
-# seq 1 and an async ping of seq 2.
+# stream 3 (its END decoded at the end), stream 5 given up on at its first frame, an echo on
+# stream 7 (its DATA read into its buffer; given up when a frame does not fit or starts with
+# 0xfe), a ping of seq 1 and an async ping of seq 2.
 RX_RAW, RX_TRACE = 0x01, 0x08
-DL, REQ, DROP = 1, 3, 5
+DL, REQ, DROP, ECHOED = 1, 3, 5, 7
 
 
 def rx_chunks(n, shift=0):
@@ -330,7 +331,23 @@ def rx_seeds():
     s["data-after-fin"] = (0x00, data(DL, b"x", fin=True) + data(DL, b"more") + frame(END, DL, result_read(1)))
     s["drop-first-frame"] = (rx_chunks(2, 4), data(DROP, pattern(5000)) + data(DROP, pattern(5000, 1))
                              + frame(END, DROP, RESULT_DONE) + ok_dl)
-    s["unknown-stream"] = (0x00, data(7, b"?") + frame(END, 9, RESULT_DONE) + frame(ERROR, 11, error_msg()) + ok_dl)
+    s["unknown-stream"] = (0x00, data(9, b"?") + frame(END, 11, RESULT_DONE) + frame(ERROR, 13, error_msg()) + ok_dl)
+    # the echo (ECHOED): big DATA read straight into its buffer, frames of any size, a
+    # WINDOW or another stream's frame between them
+    s["echo-direct"] = (
+        rx_chunks(4, 6),
+        data(ECHOED, pattern(5000)) + data(ECHOED, pattern(65536, 1)) + window(ECHOED, 65536) + data(ECHOED, pattern(29004, 2))
+        + data(DL, pattern(4500, 3)) + data(ECHOED, pattern(40000, 4)) + ping() + data(ECHOED, pattern(100, 5))
+        + data(ECHOED, pattern(6000, 6), fin=True) + frame(END, ECHOED, RESULT_DONE) + ok_dl,
+    )
+    s["echo-small-frames"] = (rx_chunks(3, 2), b"".join(data(ECHOED, pattern(700 + 37 * i, i)) for i in range(40))
+                              + frame(END, ECHOED, RESULT_DONE))
+    # more than the buffer holds: given up, the frames after it must go nowhere near it
+    s["echo-overflow"] = (rx_chunks(3, 7), b"".join(data(ECHOED, pattern(60000, i)) for i in range(4))
+                          + data(ECHOED, pattern(60000, 9)) + frame(END, ECHOED, RESULT_DONE) + ok_dl)
+    s["echo-give-up"] = (rx_chunks(4, 11), data(ECHOED, pattern(30000)) + data(ECHOED, b"\xfe" + pattern(20000))
+                         + data(ECHOED, pattern(50000, 1)) + data(ECHOED, pattern(50000, 2)) + ok_dl)
+    s["echo-eof-mid-payload"] = (rx_chunks(2, 3), data(ECHOED, pattern(9000)) + data(ECHOED, pattern(50000, 1))[:30000])
     s["error-on-stream"] = (0x00, frame(ERROR, DL, error_msg(13, b"EACCES", b"permission denied", b"/secret"))
                             + frame(ERROR, REQ, error_msg(name=None, message=None, path=None)))
     s["error-undecodable"] = (RX_TRACE, frame(ERROR, REQ, b"\x08") + frame(ERROR, DL, b"\xff\xff\xff"))
