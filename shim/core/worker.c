@@ -57,6 +57,7 @@ static struct {
 	struct wthread *wthreads;
 	struct ev_loop *loop;
 	ev_async async;
+	ev_idle warm; /* starts the min_threads (warm_cb) */
 	unsigned own; /* threads of worker_run_own() running now */
 } pool = {
 	.mu = PTHREAD_MUTEX_INITIALIZER,
@@ -287,6 +288,21 @@ static void done_cb(struct ev_loop *loop, ev_async *w, int revents)
 	}
 }
 
+static void warm_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	ev_ref(loop);
+	ev_idle_stop(loop, w);
+	pthread_mutex_lock(&pool.mu);
+	while (pool.threads < pool.min_threads && !pool.stopping) {
+		if (spawn_thread(false) < 0) {
+			log_warn("worker: cannot start a thread: %s", strerror(errno));
+			break;
+		}
+	}
+	pthread_mutex_unlock(&pool.mu);
+}
+
 int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads)
 {
 	sigemptyset(&interrupt_set);
@@ -312,14 +328,13 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 	ev_async_start(loop, &pool.async);
 	/* the async watcher must not keep the loop alive on its own */
 	ev_unref(loop);
-	pthread_mutex_lock(&pool.mu);
-	for (unsigned i = 0; i < min_threads; i++) {
-		if (spawn_thread(false) < 0) {
-			pthread_mutex_unlock(&pool.mu);
-			return -1;
-		}
-	}
-	pthread_mutex_unlock(&pool.mu);
+	/* The threads kept ready are started once the loop has nothing else to do: after
+	 * the first client's HELLO has been answered, not before it (a thread's start is
+	 * a tenth of a static daemon's way to HELLO_OK). A job submitted before then
+	 * starts one itself. */
+	ev_idle_init(&pool.warm, warm_cb);
+	ev_idle_start(loop, &pool.warm);
+	ev_unref(loop);
 	return 0;
 }
 
@@ -445,5 +460,9 @@ void worker_shutdown(void)
 	if (pool.loop != NULL) {
 		ev_ref(pool.loop);
 		ev_async_stop(pool.loop, &pool.async);
+		if (ev_is_active(&pool.warm)) {
+			ev_ref(pool.loop);
+			ev_idle_stop(pool.loop, &pool.warm);
+		}
 	}
 }

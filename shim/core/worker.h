@@ -24,8 +24,9 @@ struct work {
 
 enum { WORK_QUEUED = 0, WORK_RUNNING = 1, WORK_FINISHED = 2 };
 
-/* Start the pool: min_threads at once, growing to max_threads while every thread is
- * busy (so a few calls stuck on a hung mount cannot starve the rest). */
+/* Start the pool: min_threads once the loop is first idle (or one at once for a job
+ * submitted before then), growing to max_threads while every thread is busy (so a few
+ * calls stuck on a hung mount cannot starve the rest). */
 int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads);
 void worker_submit(struct work *w);
 /* Run the job on a thread of its own, outside the pool: for a job that lives as long

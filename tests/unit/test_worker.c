@@ -168,11 +168,38 @@ START_TEST(test_many_jobs)
 }
 END_TEST
 
+/* The threads kept ready start once the loop has had nothing else to do, not in
+ * worker_init (a daemon answers its first HELLO first). */
 START_TEST(test_min_threads_started)
 {
 	ck_assert_int_eq(worker_init(L, 3, 8), 0);
+	ck_assert_uint_eq(worker_threads(), 0);
+	ev_run(L, EVRUN_NOWAIT);
 	ck_assert_uint_eq(worker_threads(), 3);
 	ck_assert_uint_eq(worker_pending(), 0);
+	/* and only once: they stay as many */
+	ev_run(L, EVRUN_NOWAIT);
+	ck_assert_uint_eq(worker_threads(), 3);
+}
+END_TEST
+
+/* A job submitted before the loop first runs does not wait for the threads kept
+ * ready: it starts one itself, and the rest follow to make up min_threads. */
+START_TEST(test_job_before_first_run)
+{
+	static struct job j;
+	ck_assert_int_eq(worker_init(L, 2, 8), 0);
+	job_init(&j, false);
+	worker_submit(&j.work);
+	ck_assert_uint_eq(worker_threads(), 1);
+	pump_until_dones(1, WAIT_MS);
+	ck_assert_int_eq(dones, 1);
+	ck_assert_int_eq(j.runs, 1);
+	/* the loop's next turn with nothing else to do starts the second */
+	uint64_t deadline = now_ms() + WAIT_MS;
+	while (worker_threads() < 2 && now_ms() < deadline)
+		ev_run(L, EVRUN_NOWAIT);
+	ck_assert_uint_eq(worker_threads(), 2);
 }
 END_TEST
 
@@ -209,6 +236,7 @@ START_TEST(test_blocked_job_burst)
 	 * thread happens to take */
 	static struct job block, quick[3];
 	ck_assert_int_eq(worker_init(L, 1, 4), 0);
+	ev_run(L, EVRUN_NOWAIT); /* the loop's first idle turn starts the thread kept ready */
 	ck_assert_uint_eq(worker_threads(), 1);
 	poll(NULL, 0, 50); /* let the thread reach its idle wait */
 	job_init(&block, true);
@@ -349,6 +377,7 @@ static Suite *worker_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_many_jobs);
 	tcase_add_test(tc, test_min_threads_started);
+	tcase_add_test(tc, test_job_before_first_run);
 	tcase_add_test(tc, test_blocked_job_then_quick_ones);
 	tcase_add_test(tc, test_blocked_job_burst);
 	tcase_add_test(tc, test_max_threads_bound);
