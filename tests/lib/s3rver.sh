@@ -49,7 +49,17 @@ s3rver_install()
 		return 1
 	}
 	mkdir -p "$dir" || return 1
-	(cd "$dir" && npm install --no-save --no-audit --no-fund --loglevel=error "s3rver@$S3RVER_VERSION" >&2) || {
+	# one install at a time: the mount tests, run in parallel on a fresh machine, each
+	# install on demand, and two npm installs into one directory break each other (the
+	# first ctest -j3 here: four of them failed). The one that waited finds it done.
+	(
+		flock 9 || exit 1
+		if [ -x "$(s3rver_bin)" ] && grep -q "\"version\": \"$S3RVER_VERSION\"" \
+			"$dir/node_modules/s3rver/package.json" 2>/dev/null; then
+			exit 0
+		fi
+		cd "$dir" && npm install --no-save --no-audit --no-fund --loglevel=error "s3rver@$S3RVER_VERSION" >&2
+	) 9>"$dir/.install.lock" || {
 		echo "s3rver_install: npm install s3rver@$S3RVER_VERSION failed" >&2
 		return 1
 	}
