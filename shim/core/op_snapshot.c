@@ -198,9 +198,14 @@ static void batch_run(struct work *w)
 	}
 }
 
+/* Thaw batches on a worker (loop thread): the daemon does not exit before they are
+ * done (op_snapshot_thawing). */
+static unsigned batches_running;
+
 static void batch_done(struct work *w)
 {
 	struct thaw_batch *b = container_of(w, struct thaw_batch, work);
+	batches_running--;
 	for (unsigned i = 0; i < b->nfs; i++)
 		fs_free(&b->fs[i]);
 	free(b);
@@ -226,7 +231,13 @@ static void thaw_detached(struct snap_fs *fs, unsigned *n)
 	*n = 0;
 	b->work.run = batch_run;
 	b->work.done = batch_done;
+	batches_running++;
 	worker_submit(&b->work);
+}
+
+unsigned op_snapshot_thawing(void)
+{
+	return batches_running;
 }
 
 /* SIGCONT the stopped groups (loop thread) and drop them; their number. */

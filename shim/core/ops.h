@@ -40,6 +40,9 @@ extern const struct op_kind op_snapshot_prepare_kind, op_snapshot_resumed_kind;
 uint64_t op_snapshot_generation(void);
 /* Shutdown: thaw and continue what a prepare holds. */
 void op_snapshot_shutdown(void);
+/* Thaws under way on workers (that of the shutdown among them): the loop does not end
+ * before they are done, unless the shutdown timeout has passed. */
+unsigned op_snapshot_thawing(void);
 
 /* op_fs_io.c, for truncate too: special files: "a FIFO", "a socket", "a character
  * device", "a block device", or NULL for anything else; and the refusal of one a request

@@ -75,7 +75,8 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	/* the end: every connection closed and every child gone (or given up on) */
 	if (s->shutting_down)
 		server_close_streams_if_idle(s);
-	if (s->shutting_down && s->conns == NULL && init_shutdown_done(s)) {
+	if (s->shutting_down && s->conns == NULL && init_shutdown_done(s) &&
+	    (op_snapshot_thawing() == 0 || s->shutdown_expired)) {
 		ev_timer_stop(loop, &s->shutdown_timer);
 		ev_break(loop, EVBREAK_ALL);
 	}
@@ -95,6 +96,7 @@ static void shutdown_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	(void)w;
 	log_warn("shutdown: timeout; closing the remaining connections");
+	srv->shutdown_expired = true; /* a thaw still under way is not waited for (at exit, atexit's is) */
 	for (struct conn *c = srv->conns, *next; c != NULL; c = next) {
 		next = c->next;
 		conn_close(c, "shutdown timeout");

@@ -60,9 +60,10 @@ struct server {
 	char hostname[256];
 	char boot_id[40];
 	bool shutting_down;
-	bool streams_closed; /* shutdown: every connection's streams ended */
-	bool stdio_mode;     /* exit when the stdio connection closes */
-	int exit_code;       /* the workload's status, if there is one */
+	bool streams_closed;   /* shutdown: every connection's streams ended */
+	bool shutdown_expired; /* the shutdown timeout has passed */
+	bool stdio_mode;       /* exit when the stdio connection closes */
+	int exit_code;         /* the workload's status, if there is one */
 	ev_signal sig_term, sig_int;
 	ev_prepare prepare; /* flush output and free dead connections before sleeping */
 	ev_timer shutdown_timer;
