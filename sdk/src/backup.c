@@ -595,9 +595,23 @@ static int restore_opts_copy(const struct sbx_restore_opts *ro, struct sbx_resto
 	return 0;
 }
 
-SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
-			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
-			struct sbx_restore_result *res, struct sbx_error *err)
+static void pipe_close(int pfd[2])
+{
+	for (int i = 0; i < 2; i++) {
+		if (pfd[i] >= 0)
+			close(pfd[i]);
+		pfd[i] = -1;
+	}
+}
+
+/* sbx_restore; with splice_fd >= 0 (sbx_restore_from_file: source reads that fd) the
+ * bytes go from it into a pipe and from there into the connection by splice(), never
+ * through our memory: the kernel passes page references along (from the page cache into
+ * a unix socket without a copy since Linux 6.5), where read() and the socket's write
+ * copied them twice. An fd or a connection that takes no splice gets the copies. */
+static int restore_run(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
+		       const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud, int splice_fd,
+		       struct sbx_restore_result *res, struct sbx_error *err)
 {
 	struct sbx_call_opts call_opts;
 	if (sbx__call_opts(&opts, &call_opts, err) < 0)
@@ -641,9 +655,14 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	uint8_t *buf = NULL;
 	if (!from_path && (buf = malloc(chunk_max)) == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, dir, "out of memory");
+	int pfd[2] = {-1, -1};
+	if (!from_path && splice_fd >= 0 && !__atomic_load_n(&c->no_splice_out, __ATOMIC_RELAXED) &&
+	    pipe2(pfd, O_CLOEXEC) < 0)
+		pfd[0] = pfd[1] = -1; /* no pipe: copied */
 	struct call *k = sbx__start_request(c, &req, deadline, err);
 	if (k == NULL) {
 		free(buf);
+		pipe_close(pfd);
 		return -1;
 	}
 	int rc = 0;
@@ -669,7 +688,19 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 		}
 		size_t n = (uint64_t)credit < chunk_max ? (size_t)credit : chunk_max;
 		errno = 0;
-		long got = source(ud, buf, n);
+		long got;
+		if (pfd[0] >= 0) {
+			do
+				got = splice(splice_fd, NULL, pfd[1], NULL, n, SPLICE_F_MOVE);
+			while (got < 0 && errno == EINTR);
+			if (got < 0 && errno == EINVAL) {
+				/* this fd (a terminal, a filesystem without splice) is read */
+				pipe_close(pfd);
+				continue;
+			}
+		} else {
+			got = source(ud, buf, n);
+		}
 		if (got < 0 || (size_t)got > n) {
 			int e = got < 0 ? errno : EINVAL;
 			if (e == 0)
@@ -686,9 +717,16 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 		k->send_credit -= got;
 		pthread_mutex_unlock(&c->mu);
 		fin = got == 0;
-		rc = sbx__send(c, k->id, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, buf, (size_t)got, deadline, err);
+		if (pfd[0] >= 0 && got > 0) {
+			rc = sbx__send_pipe(c, k->id, pfd[0], (size_t)got, deadline, err);
+			if (__atomic_load_n(&c->no_splice_out, __ATOMIC_RELAXED))
+				pipe_close(pfd); /* the connection takes no splice: copied from now on */
+		} else {
+			rc = sbx__send(c, k->id, FRAME_DATA, fin ? FRAME_FLAG_FIN : 0, buf, (size_t)got, deadline, err);
+		}
 	}
 	free(buf);
+	pipe_close(pfd);
 	if (rc == 0) {
 		Shim__V1__Result *r =
 			wait_end(k, SHIM__V1__RESULT__KIND_RESTORE, dir, deadline, tok, o.progress, o.progress_ud, err);
@@ -707,6 +745,13 @@ SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, 
 	}
 	sbx__call_free(k);
 	return rc;
+}
+
+SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
+			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
+			struct sbx_restore_result *res, struct sbx_error *err)
+{
+	return restore_run(c, opts, dir, ro, source, ud, -1, res, err);
 }
 
 struct fd_source {
@@ -743,7 +788,7 @@ SBX_API int sbx_restore_from_file(struct sbx_client *c, const struct sbx_call_op
 	if (fd < 0)
 		return sbx__fail(err, SBX_ERR_LOCAL, errno, local_path, "open");
 	struct fd_source s = {fd};
-	int rc = sbx_restore(c, opts, dir, ro, fd_source_fn, &s, res, err);
+	int rc = restore_run(c, opts, dir, ro, fd_source_fn, &s, fd, res, err);
 	close(fd);
 	return rc;
 }

@@ -6,6 +6,7 @@
 #include "shim.pb-c.h"
 
 #include <errno.h>
+#include <fcntl.h> /* splice */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,75 @@ void sbx__trace_frame(struct sbx_client *c, const char *dir, const struct frame_
 /* How long a frame whose call timed out half-way through writing it may take to finish. */
 #define FINISH_FRAME_MS 5000
 
+/* The connection takes no more for now: wait until it does or the time is up. begun:
+ * part of the frame is on the wire, and it is then finished past the deadline
+ * (FINISH_FRAME_MS more at most): half a frame would break the stream of frames for
+ * every call on this connection. 0: write again; -1 with *e (*broken: it is broken). */
+static int out_wait(struct sbx_client *c, uint64_t *deadline, bool begun, bool *late, struct sbx_error *e, bool *broken)
+{
+	int ms = sbx__poll_ms(*deadline);
+	if (ms == 0 && begun && !*late) {
+		*late = true;
+		*deadline = sbx__now_ns() + (uint64_t)FINISH_FRAME_MS * 1000000u;
+		ms = sbx__poll_ms(*deadline);
+	}
+	if (ms > 0) {
+		struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+		poll(&pf, 1, ms); /* ready, timed out or EINTR: look again */
+		return 0;
+	}
+	if (*late) {
+		sbx__fail(e, SBX_ERR_CONNECT, ETIMEDOUT, NULL, "the shim stopped reading in the middle of a frame");
+		*broken = true;
+	} else {
+		sbx__fail(e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+	}
+	return -1;
+}
+
+/* A write failed with en: the connection is lost. */
+static void out_lost(struct sbx_error *e, int en, bool *broken)
+{
+	sbx__fail(e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
+		  strerror(en));
+	*broken = true;
+}
+
+/* The end of a failed send: a broken connection fails every call on it. -1. */
+static int out_failed(struct sbx_client *c, struct sbx_error *e, bool broken, struct sbx_error *err)
+{
+	if (broken) {
+		pthread_mutex_lock(&c->mu);
+		sbx__client_kill(c, e);
+		pthread_mutex_unlock(&c->mu);
+	}
+	sbx__copy_error(err, e);
+	return -1;
+}
+
+/* Write iov[0..3) from byte sent on (sendmsg, or writev where the fd is no socket:
+ * the exec transport's pipes). *sent is advanced; the result is the call's. */
+static ssize_t out_writev(struct sbx_client *c, const struct iovec *iov, size_t sent)
+{
+	struct iovec v[3];
+	int n = 0;
+	for (int i = 0; i < 3; i++) {
+		if (sent >= iov[i].iov_len) {
+			sent -= iov[i].iov_len;
+			continue;
+		}
+		v[n].iov_base = (uint8_t *)iov[i].iov_base + sent;
+		v[n].iov_len = iov[i].iov_len - sent;
+		sent = 0;
+		n++;
+	}
+	struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
+	ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+	if (w < 0 && errno == ENOTSOCK)
+		w = writev(c->fd, v, n);
+	return w;
+}
+
 /* Write one frame, behind the prelen bytes of whole frames at pre (none: 0) in the same
  * write; the caller holds wmu. */
 static int send_locked(struct sbx_client *c, const uint8_t *pre, size_t prelen, uint32_t stream, uint8_t type,
@@ -79,23 +149,7 @@ static int send_locked(struct sbx_client *c, const uint8_t *pre, size_t prelen, 
 
 	sbx__trace_frame(c, ">", &h, p);
 	while (sent < total) {
-		struct iovec v[3];
-		int n = 0;
-		size_t skip = sent;
-		for (int i = 0; i < 3; i++) {
-			if (skip >= iov[i].iov_len) {
-				skip -= iov[i].iov_len;
-				continue;
-			}
-			v[n].iov_base = (uint8_t *)iov[i].iov_base + skip;
-			v[n].iov_len = iov[i].iov_len - skip;
-			skip = 0;
-			n++;
-		}
-		struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
-		ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-		if (w < 0 && errno == ENOTSOCK)
-			w = writev(c->fd, v, n);
+		ssize_t w = out_writev(c, iov, sent);
 		if (w >= 0) {
 			sent += (size_t)w;
 			continue;
@@ -103,48 +157,91 @@ static int send_locked(struct sbx_client *c, const uint8_t *pre, size_t prelen, 
 		if (errno == EINTR)
 			continue;
 		if (errno == EAGAIN) {
-			int ms = sbx__poll_ms(deadline);
-			if (ms == 0 && sent > 0 && !late) {
-				/* Half a frame on the wire would break the stream of frames for
-				 * every call on this connection: a frame once started is finished,
-				 * past this call's deadline if need be; the call still fails. */
-				late = true;
-				deadline = sbx__now_ns() + (uint64_t)FINISH_FRAME_MS * 1000000u;
-				ms = sbx__poll_ms(deadline);
-			}
-			if (ms > 0) {
-				struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
-				poll(&pf, 1, ms); /* ready, timed out or EINTR: look again */
+			if (out_wait(c, &deadline, sent > 0, &late, &e, &broken) == 0)
 				continue;
-			}
-			if (late) {
-				sbx__fail(&e, SBX_ERR_CONNECT, ETIMEDOUT, NULL,
-					  "the shim stopped reading in the middle of a frame");
-				broken = true;
-			} else {
-				sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
-			}
-			goto fail;
+			return out_failed(c, &e, broken, err);
 		}
-		int en = errno;
-		sbx__fail(&e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
-			  strerror(en));
-		broken = true;
-		goto fail;
+		out_lost(&e, errno, &broken);
+		return out_failed(c, &e, broken, err);
 	}
 	if (late) {
 		sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
-		goto fail;
+		return out_failed(c, &e, false, err);
 	}
 	return 0;
-fail:
-	if (broken) {
-		pthread_mutex_lock(&c->mu);
-		sbx__client_kill(c, &e);
-		pthread_mutex_unlock(&c->mu);
+}
+
+int sbx__send_pipe(struct sbx_client *c, uint32_t stream, int pfd, size_t n, uint64_t deadline, struct sbx_error *err)
+{
+	uint8_t hdr[FRAME_HDR_LEN];
+	struct frame_hdr h = {.len = (uint32_t)n, .stream = stream, .type = FRAME_DATA};
+	frame_put_hdr(hdr, &h);
+	struct iovec iov[3] = {{hdr, sizeof(hdr)}, {NULL, 0}, {NULL, 0}};
+	size_t sent = 0, total = sizeof(hdr) + n;
+	uint8_t *bounce = NULL; /* the payload's rest, read from the pipe, where the fd takes no splice */
+	size_t bounce_at = 0;   /* the frame's byte where it begins */
+	struct sbx_error e;
+	bool broken = false, late = false;
+	pthread_mutex_lock(&c->wmu);
+	sbx__trace_frame(c, ">", &h, NULL);
+	while (sent < total) {
+		ssize_t w;
+		if (sent < sizeof(hdr) || bounce != NULL) {
+			w = out_writev(c, iov, sent - bounce_at);
+		} else {
+			w = splice(pfd, NULL, c->fd, NULL, total - sent, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+			if (w < 0 && errno == EINVAL) {
+				/* this connection takes no splice (nor will it): the rest through
+				 * memory, and the callers copy from now on */
+				__atomic_store_n(&c->no_splice_out, true, __ATOMIC_RELAXED);
+				size_t rest = total - sent, got = 0;
+				if ((bounce = malloc(rest)) == NULL) {
+					out_lost(&e, ENOMEM, &broken);
+					break;
+				}
+				while (got < rest) {
+					ssize_t r = read(pfd, bounce + got, rest - got);
+					if (r < 0 && errno == EINTR)
+						continue;
+					if (r <= 0)
+						break;
+					got += (size_t)r;
+				}
+				if (got < rest) {
+					out_lost(&e, EIO, &broken);
+					break;
+				}
+				iov[0].iov_base = bounce;
+				iov[0].iov_len = rest;
+				bounce_at = sent;
+				continue;
+			}
+			if (w == 0) /* the pipe held less than n: the caller's mistake, the frame cannot end */
+				errno = EIO;
+		}
+		if (w > 0) {
+			sent += (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			if (out_wait(c, &deadline, sent > 0, &late, &e, &broken) == 0)
+				continue;
+			break;
+		}
+		out_lost(&e, errno, &broken);
+		break;
 	}
-	sbx__copy_error(err, &e);
-	return -1;
+	pthread_mutex_unlock(&c->wmu);
+	free(bounce);
+	if (sent < total)
+		return out_failed(c, &e, broken, err);
+	if (late) {
+		sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+		return out_failed(c, &e, false, err);
+	}
+	return 0;
 }
 
 int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,

@@ -94,8 +94,9 @@ struct sbx_client {
 	pthread_cond_t cv;   /* broadcast when frames were routed or the reader role freed */
 	pthread_mutex_t wmu; /* one frame written at a time; never taken before mu */
 	int fd;
-	int wakefd;  /* eventfd: wakes a reader in poll (cancel, close) */
-	pid_t child; /* exec: transport */
+	bool no_splice_out; /* fd refused a splice into it (sbx__send_pipe; atomic) */
+	int wakefd;         /* eventfd: wakes a reader in poll (cancel, close) */
+	pid_t child;        /* exec: transport */
 	bool reading;
 	bool dead;
 	struct sbx_error dead_err;
@@ -196,6 +197,12 @@ struct call *sbx__call_new(struct sbx_client *c, bool stream);
 /* Send one frame (header + payload) under the write lock; -1 with err. */
 int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,
 	      uint64_t deadline, struct sbx_error *err);
+/* One DATA frame of stream whose n payload bytes wait in the pipe pfd (put there by
+ * splice from a file or socket, all of them): the header, then the payload spliced on
+ * into the connection, under the write lock. A connection whose fd takes no splice
+ * gets this frame through memory and sets no_splice_out for the callers. A frame once
+ * begun is finished or the connection is broken. 0, or -1 with err. */
+int sbx__send_pipe(struct sbx_client *c, uint32_t stream, int pfd, size_t n, uint64_t deadline, struct sbx_error *err);
 /* A frame on k's stream with, when grant > 0, a WINDOW of grant written before it in the
  * same write (the credit is counted first, as by sbx__call_grant()). */
 int sbx__send_granting(struct call *k, uint32_t grant, uint8_t type, uint8_t flags, const void *p, size_t len,

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -874,6 +875,135 @@ static int case_restore(void)
 	return 0;
 }
 
+/* ---- sbx_restore_from_file by splice ---- */
+
+/* This program's splice() stands in for libc's (libsbx's calls come here): it counts the
+ * splices into a pipe (from the local file) and into a socket (into the connection), and
+ * refuses one kind or the other with EINVAL, as an fd without splice would. */
+enum { SPLICE_ALL, SPLICE_NO_FILE, SPLICE_NO_CONN };
+static int splice_mode;
+static unsigned splices_to_pipe, splices_to_sock, splices_refused;
+
+ssize_t splice(int fd_in, loff_t *off_in, int fd_out, loff_t *off_out, size_t len, unsigned int flags)
+{
+	struct stat st;
+	bool to_pipe = fstat(fd_out, &st) == 0 && S_ISFIFO(st.st_mode);
+	bool to_sock = !to_pipe && S_ISSOCK(st.st_mode);
+	if ((splice_mode == SPLICE_NO_FILE && to_pipe) || (splice_mode == SPLICE_NO_CONN && to_sock)) {
+		__atomic_add_fetch(&splices_refused, 1, __ATOMIC_RELAXED);
+		errno = EINVAL;
+		return -1;
+	}
+	__atomic_add_fetch(to_pipe ? &splices_to_pipe : &splices_to_sock, 1, __ATOMIC_RELAXED);
+	return syscall(SYS_splice, fd_in, off_in, fd_out, off_out, len, flags);
+}
+
+static void splice_reset(int mode)
+{
+	splice_mode = mode;
+	splices_to_pipe = splices_to_sock = splices_refused = 0;
+}
+
+struct fifo_writer {
+	const char *fifo, *from;
+};
+
+static void *fifo_write(void *arg)
+{
+	struct fifo_writer *w = arg;
+	int in = open(w->from, O_RDONLY | O_CLOEXEC), out = open(w->fifo, O_WRONLY | O_CLOEXEC);
+	char buf[65536];
+	ssize_t n;
+	while (in >= 0 && out >= 0 && (n = read(in, buf, sizeof(buf))) > 0) {
+		for (ssize_t off = 0, k; off < n; off += k)
+			if ((k = write(out, buf + off, (size_t)(n - off))) <= 0)
+				goto done;
+	}
+done:
+	if (in >= 0)
+		close(in);
+	if (out >= 0)
+		close(out);
+	return NULL;
+}
+
+/* The archive goes from the file into the connection by splice (no copy through the
+ * client); a file or a connection that refuses it gets the same bytes by read and write,
+ * and a connection that refused once is not asked again. Every way, the same tree, the
+ * whole archive counted, nothing left beside the restored directories; a FIFO as the
+ * local file too. */
+static int case_restore_splice(void)
+{
+	struct sbx_client *c = start("restore_splice");
+	char dir[1024], f[1024], work[1024], fifo[1024];
+	keep_path(dir, "tree");
+	make_tree(dir, 3, 700 * KiB, 200);
+	keep_path(f, "a.tar");
+	struct sbx_error err;
+	CHECK_SBX(sbx_backup_to_file(c, &no_timeout, dir, NULL, f, NULL, &err), &err);
+	struct stat st;
+	CHECK(stat(f, &st) == 0);
+	CHECK(st.st_size > 2 * 1024 * 1024);
+	keep_path(work, "work");
+	mkdirs(work);
+	struct sbx_restore_result res = SBX_RESTORE_RESULT_INIT;
+	char r[1100];
+
+	/* spliced both ways */
+	splice_reset(SPLICE_ALL);
+	snprintf(r, sizeof(r), "%s/r1", work);
+	CHECK_SBX(sbx_restore_from_file(c, &no_timeout, r, NULL, f, &res, &err), &err);
+	check_same_tree(dir, r);
+	CHECK_EQ(res.bytes, st.st_size);
+	/* (the last one into the pipe finds the end of the file) */
+	CHECKF(splices_to_pipe > 10 && splices_to_sock + 1 >= splices_to_pipe,
+	       "%u splices into the pipe, %u into the connection", splices_to_pipe, splices_to_sock);
+
+	/* the file refuses: read, then written from memory */
+	splice_reset(SPLICE_NO_FILE);
+	snprintf(r, sizeof(r), "%s/r2", work);
+	CHECK_SBX(sbx_restore_from_file(c, &no_timeout, r, NULL, f, &res, &err), &err);
+	check_same_tree(dir, r);
+	CHECK_EQ(res.bytes, st.st_size);
+	CHECK_EQ(splices_refused, 1);
+	CHECK_EQ(splices_to_sock, 0);
+
+	/* the connection refuses: that frame's payload is read back from the pipe and sent,
+	 * the rest copied; the next restore on this client does not try again */
+	splice_reset(SPLICE_NO_CONN);
+	snprintf(r, sizeof(r), "%s/r3", work);
+	CHECK_SBX(sbx_restore_from_file(c, &no_timeout, r, NULL, f, &res, &err), &err);
+	check_same_tree(dir, r);
+	CHECK_EQ(res.bytes, st.st_size);
+	CHECK_EQ(splices_refused, 1);
+	CHECK_EQ(splices_to_pipe, 1);
+	splice_reset(SPLICE_ALL);
+	snprintf(r, sizeof(r), "%s/r4", work);
+	CHECK_SBX(sbx_restore_from_file(c, &no_timeout, r, NULL, f, &res, &err), &err);
+	check_same_tree(dir, r);
+	CHECK_EQ(splices_to_pipe + splices_to_sock, 0);
+	sbx_client_close(c);
+
+	/* a FIFO, on a new client: spliced from the pipe it is */
+	c = client_ = it_connect(it_unix_target(it_path("restore_splice.sock")), NULL);
+	keep_path(fifo, "fifo");
+	CHECK(mkfifo(fifo, 0600) == 0);
+	struct fifo_writer fw = {fifo, f};
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, fifo_write, &fw) == 0);
+	splice_reset(SPLICE_ALL);
+	snprintf(r, sizeof(r), "%s/r5", work);
+	CHECK_SBX(sbx_restore_from_file(c, &no_timeout, r, NULL, fifo, &res, &err), &err);
+	pthread_join(t, NULL);
+	check_same_tree(dir, r);
+	CHECK_EQ(res.bytes, st.st_size);
+	CHECK(splices_to_pipe > 0 && splices_to_sock > 0);
+
+	wait_names(work, "r1|r2|r3|r4|r5");
+	sbx_client_close(c);
+	return 0;
+}
+
 /* A snapshot of dir to compare with later: a copy beside it (cp -a). */
 static void snapshot(const char *dir, const char *name, char copy[1024])
 {
@@ -1174,6 +1304,7 @@ int main(int argc, char **argv)
 		{"cancel_backup", case_cancel_backup},
 		{"cancel_restore", case_cancel_restore},
 		{"in_sandbox", case_in_sandbox},
+		{"restore_splice", case_restore_splice},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
