@@ -656,7 +656,8 @@ static int restore_run(struct sbx_client *c, const struct sbx_call_opts *opts, c
 	if (!from_path && (buf = malloc(chunk_max)) == NULL)
 		return sbx__fail(err, SBX_ERR_LOCAL, ENOMEM, dir, "out of memory");
 	int pfd[2] = {-1, -1};
-	if (!from_path && splice_fd >= 0 && !__atomic_load_n(&c->no_splice_out, __ATOMIC_RELAXED) &&
+	/* (not under --trace: its lines show the bytes sent, as they are in memory) */
+	if (!from_path && splice_fd >= 0 && c->trace == NULL && !__atomic_load_n(&c->no_splice_out, __ATOMIC_RELAXED) &&
 	    pipe2(pfd, O_CLOEXEC) < 0)
 		pfd[0] = pfd[1] = -1; /* no pipe: copied */
 	struct call *k = sbx__start_request(c, &req, deadline, err);

@@ -381,19 +381,6 @@ static bool has_credit(struct sbx_client *c, struct call *k)
 	return yes;
 }
 
-/* Wait until fd takes more (POLLOUT) or the deadline passes: 0, or -1 (ETIMEDOUT in errno). */
-static int wait_out(int fd, uint64_t deadline)
-{
-	int ms = sbx__poll_ms(deadline);
-	if (ms == 0) {
-		errno = ETIMEDOUT;
-		return -1;
-	}
-	struct pollfd pf = {.fd = fd, .events = POLLOUT};
-	poll(&pf, 1, ms); /* ready, timed out or EINTR: look again */
-	return 0;
-}
-
 /* Throw away what a failed frame left in the pipe. */
 static void pipe_drain(struct sbx_tunnel *t)
 {
@@ -416,87 +403,17 @@ static int splice_setup(struct sbx_tunnel *t)
 	return 0;
 }
 
-/* The n bytes in the pipe as one DATA frame of stream id: the header, then the payload
- * spliced into the connection, under the write lock. A frame once begun is finished or
- * the connection is broken (killed). 0, or -1 with err. */
+/* The n bytes in the pipe as one DATA frame of stream id (sbx__send_pipe: a frame once
+ * begun is finished or the connection is broken). 0, or -1 with err. */
 static int send_spliced(struct sbx_tunnel *t, uint32_t id, size_t n, struct sbx_error *err)
 {
-	struct sbx_client *c = t->c;
-	uint8_t hdr[FRAME_HDR_LEN];
-	struct frame_hdr h = {.len = (uint32_t)n, .stream = id, .type = FRAME_DATA};
-	frame_put_hdr(hdr, &h);
-	uint64_t deadline = ms_from_now(TUN_SEND_MS);
-	size_t hoff = 0, left = n;
-	int en = 0;
-	pthread_mutex_lock(&c->wmu);
-	while (hoff < sizeof(hdr)) {
-		ssize_t w = write(c->fd, hdr + hoff, sizeof(hdr) - hoff);
-		if (w >= 0) {
-			hoff += (size_t)w;
-			continue;
-		}
-		if (errno == EINTR || (errno == EAGAIN && wait_out(c->fd, deadline) == 0))
-			continue;
-		en = errno;
-		goto fail;
+	if (sbx__send_pipe(t->c, id, t->pipefd[0], n, ms_from_now(TUN_SEND_MS), err) < 0) {
+		pipe_drain(t); /* what a frame never begun left there */
+		return -1;
 	}
-	while (left > 0) {
-		ssize_t w;
-		if (!t->no_splice) {
-			w = splice(t->pipefd[0], NULL, c->fd, NULL, left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-			if (w < 0 && errno == EINVAL) {
-				/* this connection's fd takes no splice: the rest by copy */
-				t->no_splice = true;
-				continue;
-			}
-		} else {
-			ssize_t r = read(t->pipefd[0], t->buf, left < TUN_READ_MAX ? left : TUN_READ_MAX);
-			if (r <= 0) {
-				en = r < 0 ? errno : EIO;
-				goto fail;
-			}
-			size_t off = 0;
-			while (off < (size_t)r) {
-				w = write(c->fd, t->buf + off, (size_t)r - off);
-				if (w >= 0)
-					off += (size_t)w;
-				else if (errno != EINTR && !(errno == EAGAIN && wait_out(c->fd, deadline) == 0))
-					break;
-			}
-			if (off < (size_t)r) {
-				en = errno;
-				goto fail;
-			}
-			w = r;
-		}
-		if (w > 0) {
-			left -= (size_t)w;
-			continue;
-		}
-		if (w < 0 && (errno == EINTR || (errno == EAGAIN && wait_out(c->fd, deadline) == 0)))
-			continue;
-		en = w < 0 ? errno : EIO;
-		goto fail;
-	}
-	pthread_mutex_unlock(&c->wmu);
+	if (__atomic_load_n(&t->c->no_splice_out, __ATOMIC_RELAXED))
+		t->no_splice = true; /* the connection takes no splice: copy */
 	return 0;
-fail:
-	pthread_mutex_unlock(&c->wmu);
-	pipe_drain(t);
-	if (hoff == 0 && en == ETIMEDOUT)
-		return sbx__fail(err, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
-	/* half a frame on the wire: the connection is broken for every call */
-	struct sbx_error e;
-	if (en == ETIMEDOUT)
-		sbx__fail(&e, SBX_ERR_CONNECT, ETIMEDOUT, NULL, "the shim stopped reading in the middle of a frame");
-	else
-		sbx__fail(&e, SBX_ERR_CONNECT, en == EPIPE ? ECONNRESET : en, NULL, "connection to the shim lost: %s",
-			  strerror(en));
-	pthread_mutex_lock(&c->mu);
-	sbx__client_kill(c, &e);
-	pthread_mutex_unlock(&c->mu);
-	sbx__copy_error(err, &e);
-	return -1;
 }
 
 /* Local socket -> shim by splice, within credit: 1 done, may be more (or the connection
