@@ -650,6 +650,9 @@ struct sbx_restore_result {
 SBX_API int sbx_restore(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
 			const struct sbx_restore_opts *ro, sbx_source_fn source, void *ud,
 			struct sbx_restore_result *res, struct sbx_error *err);
+/* sbx_restore() from the local file local_path. Its bytes go into the connection by
+ * splice() (file -> pipe -> socket: not copied through this process's memory), or are
+ * read where the file or the connection takes no splice. */
 SBX_API int sbx_restore_from_file(struct sbx_client *c, const struct sbx_call_opts *opts, const char *dir,
 				  const struct sbx_restore_opts *ro, const char *local_path,
 				  struct sbx_restore_result *res, struct sbx_error *err);
