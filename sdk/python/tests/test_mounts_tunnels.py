@@ -464,14 +464,19 @@ class Tunnels(ShimCase):
         with self.shim.commands.start(["python3", "-c", MANY_SERVER]) as server:
             with self.shim.forward(self.guest_port_of(server)[0], on_event=events.append) as t:
                 results = {}
-                peak = []
-                barrier = threading.Barrier(n)
+                all_open = []
+
+                def all_relayed() -> None:
+                    # every client is connected and waits here: the tunnel carries all n at
+                    # once (waited for: the relay takes them up in its own time)
+                    all_open.append(wait_until(lambda: t.active == n, 30))
+
+                barrier = threading.Barrier(n, action=all_relayed)
 
                 def ask(i: int) -> None:
                     msg = (b"%d:" % i) * (1000 + 37 * i)
                     with socket.create_connection(("127.0.0.1", t.port), timeout=30) as c:
-                        barrier.wait(30)
-                        peak.append(t.active)
+                        barrier.wait(60)
                         c.sendall(msg)
                         c.shutdown(socket.SHUT_WR)
                         results[i] = recv_all(c) == msg[::-1]
@@ -489,7 +494,7 @@ class Tunnels(ShimCase):
                 self.assertTrue(all(e.error is None for e in events))
                 self.assertEqual(sorted(e.bytes_in for e in events if e.type == "close"),
                                  sorted(len((b"%d:" % i) * (1000 + 37 * i)) for i in range(n)))
-                self.assertGreater(max(peak), 1)
+                self.assertEqual(all_open, [True])
                 self.assertTrue(wait_until(lambda: t.active == 0))
             server.kill()
 
