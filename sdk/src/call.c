@@ -111,8 +111,8 @@ static int out_failed(struct sbx_client *c, struct sbx_error *e, bool broken, st
 	return -1;
 }
 
-/* Write iov[0..3) from byte sent on (sendmsg, or writev where the fd is no socket:
- * the exec transport's pipes). *sent is advanced; the result is the call's. */
+/* Write iov[0..3) from its byte sent on (sendmsg, or writev where the fd is no socket:
+ * the exec transport's pipes); the result is the call's. */
 static ssize_t out_writev(struct sbx_client *c, const struct iovec *iov, size_t sent)
 {
 	struct iovec v[3];
@@ -132,6 +132,17 @@ static ssize_t out_writev(struct sbx_client *c, const struct iovec *iov, size_t 
 	if (w < 0 && errno == ENOTSOCK)
 		w = writev(c->fd, v, n);
 	return w;
+}
+
+/* The end of a send that wrote the whole frame: late (finished past the call's deadline),
+ * the call still fails. 0 or -1. */
+static int out_done(struct sbx_client *c, bool late, struct sbx_error *err)
+{
+	if (!late)
+		return 0;
+	struct sbx_error e;
+	sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
+	return out_failed(c, &e, false, err);
 }
 
 /* Write one frame, behind the prelen bytes of whole frames at pre (none: 0) in the same
@@ -164,11 +175,7 @@ static int send_locked(struct sbx_client *c, const uint8_t *pre, size_t prelen, 
 		out_lost(&e, errno, &broken);
 		return out_failed(c, &e, broken, err);
 	}
-	if (late) {
-		sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
-		return out_failed(c, &e, false, err);
-	}
-	return 0;
+	return out_done(c, late, err);
 }
 
 int sbx__send_pipe(struct sbx_client *c, uint32_t stream, int pfd, size_t n, uint64_t deadline, struct sbx_error *err)
@@ -237,11 +244,7 @@ int sbx__send_pipe(struct sbx_client *c, uint32_t stream, int pfd, size_t n, uin
 	free(bounce);
 	if (sent < total)
 		return out_failed(c, &e, broken, err);
-	if (late) {
-		sbx__fail(&e, SBX_ERR_LOCAL, ETIMEDOUT, NULL, "timed out sending to the shim");
-		return out_failed(c, &e, false, err);
-	}
-	return 0;
+	return out_done(c, late, err);
 }
 
 int sbx__send(struct sbx_client *c, uint32_t stream, uint8_t type, uint8_t flags, const void *p, size_t len,

@@ -36,14 +36,18 @@ s3rver_bin()
 	echo "$(s3rver_dir)/node_modules/.bin/s3rver"
 }
 
+# true if s3rver $S3RVER_VERSION is installed in s3rver_dir
+s3rver_installed()
+{
+	[ -x "$(s3rver_bin)" ] && grep -q "\"version\": \"$S3RVER_VERSION\"" \
+		"$(s3rver_dir)/node_modules/s3rver/package.json" 2>/dev/null
+}
+
 s3rver_install()
 {
 	local dir
 	dir=$(s3rver_dir)
-	if [ -x "$(s3rver_bin)" ] && grep -q "\"version\": \"$S3RVER_VERSION\"" \
-		"$dir/node_modules/s3rver/package.json" 2>/dev/null; then
-		return 0
-	fi
+	s3rver_installed && return 0
 	command -v npm >/dev/null || {
 		echo "s3rver_install: npm not found (apt-get install nodejs npm)" >&2
 		return 1
@@ -54,10 +58,7 @@ s3rver_install()
 	# first ctest -j3 here: four of them failed). The one that waited finds it done.
 	(
 		flock 9 || exit 1
-		if [ -x "$(s3rver_bin)" ] && grep -q "\"version\": \"$S3RVER_VERSION\"" \
-			"$dir/node_modules/s3rver/package.json" 2>/dev/null; then
-			exit 0
-		fi
+		s3rver_installed && exit 0
 		cd "$dir" && npm install --no-save --no-audit --no-fund --loglevel=error "s3rver@$S3RVER_VERSION" >&2
 	) 9>"$dir/.install.lock" || {
 		echo "s3rver_install: npm install s3rver@$S3RVER_VERSION failed" >&2
