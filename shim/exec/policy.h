@@ -59,7 +59,11 @@ gid_t policy_gid(const struct policy *p);
 const char *policy_home(const struct policy *p);
 const char *policy_user(const struct policy *p);
 
-/* The shim's own /proc/self/oom_score_adj (0 if unreadable). Blocking (a /proc read). */
+/* Start-up, once (spawn_startup): opens the shim's /proc/self/oom_score_adj and keeps it
+ * (policy_own_oom_score_adj opens it on first use otherwise). */
+void policy_startup(void);
+/* The shim's own /proc/self/oom_score_adj (0 if unreadable), as of now. Blocking (a /proc
+ * read). */
 int policy_own_oom_score_adj(void);
 
 /* Frees p and what it owns (NULL is fine). */

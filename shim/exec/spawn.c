@@ -246,6 +246,45 @@ static bool shim_var(const char *kv)
 	return strncmp(kv, "SBX_", 4) == 0 || strncmp(kv, "SANDBOX_SHIM_", 13) == 0;
 }
 
+static bool secret_name(const char *kv);
+static bool own_session_var(const char *kv);
+
+/* The shim's environment as its commands get it, made once by spawn_startup() (nothing
+ * changes environ after it): pointers into environ, in its order, without the empty
+ * entries and the shim's own; a key given twice at its first place with its last value,
+ * as env_put() would make it. "other" (a command of another user) also without what
+ * looks like a credential and without the shim's session (secret_name, own_session_var).
+ * Per command that left an O(n^2) search through the shim's variables and a filter of
+ * each. v NULL (before spawn_startup, or out of memory): build_env() filters environ. */
+struct env_base {
+	const char **v;
+	size_t n;
+};
+static struct env_base env_same, env_other;
+
+static void env_base_make(struct env_base *b, bool other)
+{
+	size_t n = 0;
+	while (environ != NULL && environ[n] != NULL)
+		n++;
+	const char **v = calloc(n + 1, sizeof(*v));
+	if (v == NULL)
+		return;
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		const char *kv = environ[i];
+		if (kv[0] == '\0' || shim_var(kv) || (other && (secret_name(kv) || own_session_var(kv))))
+			continue;
+		size_t j = env_find((char **)v, m, kv, key_len(kv));
+		if (j < m)
+			v[j] = kv;
+		else
+			v[m++] = kv;
+	}
+	b->v = v;
+	b->n = m;
+}
+
 void spawn_startup(void)
 {
 	spawn_start_limits.have_nofile = getrlimit(RLIMIT_NOFILE, &spawn_start_limits.nofile) == 0;
@@ -269,6 +308,9 @@ void spawn_startup(void)
 			break;
 		}
 	}
+	env_base_make(&env_same, false);
+	env_base_make(&env_other, true);
+	policy_startup();
 }
 
 /* ---- the environment ---- */
@@ -351,8 +393,11 @@ static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, st
 			return err_setn(err, EINVAL, b->data, b->len, "environment entry is not K=V");
 	}
 	bool other = policy_uid(pl->pol) != geteuid();
+	const struct env_base *eb = other ? &env_other : &env_same;
 	size_t base = 0;
-	if (!req->clear_env)
+	if (!req->clear_env && eb->v != NULL)
+		base = eb->n;
+	else if (!req->clear_env)
 		while (environ != NULL && environ[base] != NULL)
 			base++;
 	size_t cap = base + req->n_env + 8;
@@ -360,6 +405,13 @@ static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, st
 	if (pl->envp == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
 	for (size_t i = 0; i < base; i++) {
+		if (eb->v != NULL) {
+			/* filtered and of distinct keys already: nothing to look up */
+			if ((pl->envp[pl->envc] = strdup(eb->v[i])) == NULL)
+				return err_set(err, ENOMEM, NULL, "out of memory");
+			pl->envc++;
+			continue;
+		}
 		if (environ[i][0] == '\0' || shim_var(environ[i]))
 			continue;
 		if (other && (secret_name(environ[i]) || own_session_var(environ[i])))

@@ -169,6 +169,61 @@ static int case_secrets(void)
 	return 0;
 }
 
+/* How many lines of env's output set NAME. */
+static int count_var(const char *env, const char *name)
+{
+	char want[300];
+	snprintf(want, sizeof(want), "\n%s=", name);
+	int n = 0;
+	for (const char *p = strstr(env, want); p != NULL; p = strstr(p + 1, want))
+		n++;
+	return n;
+}
+
+/* A variable the shim was started with twice (execve allows it; env(1) or a shell would
+ * not pass it so), an empty entry and one of the shim's own: a command gets the variable
+ * once, with its last value, where it first stood; the empty entry and SBX_* not at all;
+ * a request's value replaces it. For the shim's own user and for another. */
+static int case_duplicates(void)
+{
+	static char *dup_env[] = {"PATH=/usr/bin:/bin",      "DUP=first", "MIDDLE=m", "DUP=second", "",
+				  "SBX_HIDDEN=hidden-value", "LAST=l",    NULL};
+	extern char **environ;
+	sock = it_path("shim.sock");
+	const char *argv[] = {SHIM_BIN, "--listen", it_unix_target(sock), "--state-dir", it_path("state"), NULL};
+	char **saved = environ;
+	environ = dup_env; /* what the daemon is started with; ours again right after */
+	struct it_daemon *d = it_daemon_start_argv("shim", argv);
+	environ = saved;
+	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	const char *users[] = {NULL, getpwnam("nobody") != NULL ? "nobody" : NULL};
+	for (size_t u = 0; u < ARRAY_LEN(users); u++) {
+		if (u > 0 && users[u] == NULL) {
+			printf("no user nobody here: the shim's own user only\n");
+			break;
+		}
+		char *e = run_env(c, users[u], NULL, 0);
+		CHECKF(count_var(e, "DUP") == 1, "as %s, DUP %d times:%s", users[u] ? users[u] : "the shim's user",
+		       count_var(e, "DUP"), e);
+		check_var(e, "DUP", "second");
+		CHECKF(strstr(e, "\nDUP=") < strstr(e, "\nMIDDLE="), "DUP is not where it first stood:%s", e);
+		check_var(e, "MIDDLE", "m");
+		check_var(e, "LAST", "l");
+		check_no_var(e, "SBX_HIDDEN");
+		check_absent(e, "hidden-value");
+		CHECKF(strstr(e, "\n\n") == NULL, "an empty entry in the command's environment:%s", e);
+		free(e);
+		const char *given[] = {"DUP=from-request", NULL};
+		e = run_env(c, users[u], given, 0);
+		CHECK(count_var(e, "DUP") == 1);
+		check_var(e, "DUP", "from-request");
+		free(e);
+	}
+	sbx_client_close(c);
+	it_daemon_stop(d);
+	return 0;
+}
+
 /* No PATH in the daemon's environment: each user gets login's. */
 static int case_default_path(void)
 {
@@ -579,6 +634,7 @@ int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
 		{"secrets", case_secrets},
+		{"duplicates", case_duplicates},
 		{"default_path", case_default_path},
 		{"nofile", case_nofile},
 		{"signals", case_signals},
