@@ -55,6 +55,7 @@ struct conn *conn_new(struct server *s, int rfd, int wfd, struct listener *lst, 
 		return NULL;
 	}
 	c->incap = IN_START;
+	pthread_mutex_init(&c->wmu, NULL);
 	c->srv = s;
 	c->lst = lst;
 	c->rfd = rfd;
@@ -277,10 +278,47 @@ void conn_budget_wake(void)
 
 static void conn_finish_close(struct conn *c);
 
-void conn_flush(struct conn *c)
+/* With wmu held, after a write of the loop's: may a worker write a frame of its own?
+ * Only at a frame boundary (nothing of a frame left queued, no wedge) and while the
+ * connection is READY. Frames queued since are whole, so that the worker's goes
+ * before them is fine (ordering across streams is not kept anyway). */
+static void wire_update(struct conn *c)
 {
-	c->want_flush = false;
-	c->direct_wait = false;
+	c->wire_ok = c->state == CONN_READY && c->doomed == NULL && c->outlen == 0 && c->wedge == NULL;
+}
+
+static void wire_off(struct conn *c)
+{
+	pthread_mutex_lock(&c->wmu);
+	c->wire_ok = false;
+	pthread_mutex_unlock(&c->wmu);
+}
+
+/* The rest of a worker's frame, before anything else. With wmu held: 0 written, 1 the
+ * socket is full, -1 failed (errno). */
+static int wedge_flush(struct conn *c)
+{
+	while (c->wedge != NULL) {
+		ssize_t w = write(c->wfd, c->wedge + c->wedge_off, c->wedge_len - c->wedge_off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
+		c->wedge_off += (size_t)w;
+		if (c->wedge_off == c->wedge_len) {
+			free(c->wedge);
+			c->wedge = NULL;
+		}
+	}
+	return 0;
+}
+
+/* The queued output, as far as the socket takes it. With wmu held: as wedge_flush. */
+static int out_flush(struct conn *c)
+{
+	int rc = wedge_flush(c);
+	if (rc != 0)
+		return rc;
 	while (c->out_head != NULL) {
 		struct iovec iov[32];
 		int n = 0;
@@ -297,12 +335,7 @@ void conn_flush(struct conn *c)
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				ev_io_start(c->srv->loop, &c->wio);
-				return;
-			}
-			conn_close(c, strerror(errno));
-			return;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
 		}
 		c->outlen -= (size_t)w;
 		budget_give((size_t)w);
@@ -322,6 +355,26 @@ void conn_flush(struct conn *c)
 				chunk_put(k);
 			}
 		}
+	}
+	return 0;
+}
+
+void conn_flush(struct conn *c)
+{
+	c->want_flush = false;
+	c->direct_wait = false;
+	pthread_mutex_lock(&c->wmu);
+	int rc = out_flush(c);
+	int e = errno;
+	wire_update(c);
+	pthread_mutex_unlock(&c->wmu);
+	if (rc > 0) {
+		ev_io_start(c->srv->loop, &c->wio);
+		return;
+	}
+	if (rc < 0) {
+		conn_close(c, strerror(e));
+		return;
 	}
 	if (c->state == CONN_CLOSING) {
 		conn_finish_close(c);
@@ -394,6 +447,7 @@ static void conn_finish_close(struct conn *c)
 {
 	if (c->state == CONN_DEAD)
 		return;
+	wire_off(c);
 	conn_drop_streams(c);
 	conn_stop_io(c);
 	c->state = CONN_DEAD;
@@ -425,6 +479,7 @@ static void conn_begin_closing(struct conn *c)
 	if (c->state == CONN_CLOSING || c->state == CONN_DEAD)
 		return;
 	c->state = CONN_CLOSING;
+	wire_off(c); /* the connection's last frames are the loop's */
 	ev_io_stop(c->srv->loop, &c->rio);
 	ev_timer_stop(c->srv->loop, &c->keepalive);
 	ev_timer_stop(c->srv->loop, &c->handshake);
@@ -464,6 +519,12 @@ void conn_shutdown(struct conn *c)
 	conn_begin_closing(c);
 }
 
+static void conn_destroy(struct conn *c)
+{
+	pthread_mutex_destroy(&c->wmu);
+	free(c);
+}
+
 void conn_reap_dead(struct server *s)
 {
 	while (s->dead != NULL) {
@@ -476,13 +537,94 @@ void conn_reap_dead(struct server *s)
 			c->out_head = k->next;
 			chunk_put(k);
 		}
+		/* (under wmu: a worker checks wire_ok, false since the close, before it writes) */
+		pthread_mutex_lock(&c->wmu);
 		if (c->wfd != c->rfd && c->wfd >= 0)
 			close(c->wfd);
 		if (c->rfd >= 0)
 			close(c->rfd);
+		c->wfd = c->rfd = -1;
+		free(c->wedge);
+		c->wedge = NULL;
+		pthread_mutex_unlock(&c->wmu);
 		free(c->in);
-		free(c);
+		c->in = NULL;
+		c->reaped = true;
+		if (c->wire_refs == 0)
+			conn_destroy(c);
 	}
+}
+
+/* ---- replies from workers ---- */
+
+bool conn_wire_take(struct conn *c)
+{
+	if (c->state != CONN_READY || c->doomed != NULL)
+		return false;
+	c->wire_refs++;
+	return true;
+}
+
+void conn_wire_put(struct conn *c)
+{
+	if (--c->wire_refs == 0 && c->reaped)
+		conn_destroy(c);
+}
+
+bool conn_wire_send(struct conn *c, int *claim, uint32_t stream, uint8_t type, const void *payload, size_t len)
+{
+	uint8_t hdr[FRAME_HDR_LEN];
+	struct frame_hdr h = {.len = (uint32_t)len, .stream = stream, .type = type};
+	frame_put_hdr(hdr, &h);
+	size_t total = FRAME_HDR_LEN + len;
+	/* room for a rest before writing: once part of the frame is out, the rest must go */
+	uint8_t *rest = malloc(total);
+	if (rest == NULL)
+		return false;
+	bool sent = false;
+	pthread_mutex_lock(&c->wmu);
+	if (c->wire_ok && *claim == 0) {
+		struct iovec iov[2] = {{hdr, FRAME_HDR_LEN}, {(void *)payload, len}};
+		/* counted out of flight before the client can see the END and send the
+		 * next request, which the loop may read before this thread runs again */
+		__atomic_add_fetch(&c->wire_ended, 1, __ATOMIC_SEQ_CST);
+		ssize_t w;
+		do
+			w = writev(c->wfd, iov, len > 0 ? 2 : 1);
+		while (w < 0 && errno == EINTR);
+		if (w <= 0) {
+			/* full, or failed: the loop's own path sends it, or meets the error */
+			__atomic_sub_fetch(&c->wire_ended, 1, __ATOMIC_SEQ_CST);
+		} else {
+			sent = true;
+			*claim = 1;
+			if ((size_t)w < total) {
+				size_t off = (size_t)w;
+				size_t from_hdr = off < FRAME_HDR_LEN ? FRAME_HDR_LEN - off : 0;
+				memcpy(rest, hdr + FRAME_HDR_LEN - from_hdr, from_hdr);
+				size_t skip = off > FRAME_HDR_LEN ? off - FRAME_HDR_LEN : 0;
+				memcpy(rest + from_hdr, (const uint8_t *)payload + skip, len - skip);
+				c->wedge = rest;
+				c->wedge_len = total - off;
+				c->wedge_off = 0;
+				c->wire_ok = false;
+				rest = NULL;
+			}
+		}
+	}
+	pthread_mutex_unlock(&c->wmu);
+	free(rest);
+	return sent;
+}
+
+bool conn_wire_settle(struct conn *c, int *claim)
+{
+	pthread_mutex_lock(&c->wmu);
+	bool sent = *claim == 1;
+	if (!sent)
+		*claim = 2;
+	pthread_mutex_unlock(&c->wmu);
+	return sent;
 }
 
 /* ---- streams ---- */
@@ -591,12 +733,11 @@ static void out_trim(struct conn *c)
 /* stream_send_direct(), and with grant a WINDOW handing back the credit of the payload
  * consumed, written behind the DATA in the same writev (queued when the socket takes
  * less). */
-static size_t send_direct(struct stream *st, const void *buf, size_t len, bool grant, bool *busy)
+static size_t send_direct_locked(struct stream *st, const void *buf, size_t len, bool grant, bool *busy)
 {
 	struct conn *c = st->conn;
-	*busy = false;
-	if (c->state != CONN_READY || c->doomed != NULL || st->send_credit <= 0 || len == 0)
-		return 0;
+	if (c->wedge != NULL)
+		return 0; /* a worker's frame is part-written: behind it, through the queue */
 	if (c->outlen > 0) {
 		if (c->direct_rest_id != st->id)
 			return 0;
@@ -698,6 +839,19 @@ static size_t send_direct(struct stream *st, const void *buf, size_t len, bool g
 			stream_grant(st, (uint32_t)used); /* the socket stopped in the DATA */
 	}
 	return used;
+}
+
+static size_t send_direct(struct stream *st, const void *buf, size_t len, bool grant, bool *busy)
+{
+	struct conn *c = st->conn;
+	*busy = false;
+	if (c->state != CONN_READY || c->doomed != NULL || st->send_credit <= 0 || len == 0)
+		return 0;
+	pthread_mutex_lock(&c->wmu);
+	size_t n = send_direct_locked(st, buf, len, grant, busy);
+	wire_update(c);
+	pthread_mutex_unlock(&c->wmu);
+	return n;
 }
 
 size_t stream_send_direct(struct stream *st, const void *buf, size_t len, bool *busy)
@@ -810,11 +964,24 @@ void stream_fail(struct stream *st, const struct shim_err *err)
 	stream_free(st);
 }
 
+void stream_wire_ended(struct stream *st)
+{
+	struct conn *c = st->conn;
+	__atomic_sub_fetch(&c->wire_ended, 1, __ATOMIC_SEQ_CST);
+	c->want_flush = true; /* a rest of the frame may wait (wedge) */
+	stream_free(st);
+}
+
 /* Ended from outside the op (cancel, disconnect, shutdown): tell the op, then send
- * ERROR if there is still someone to send it to (err NULL: nobody). */
+ * ERROR if there is still someone to send it to (err NULL: nobody). A stream whose
+ * END or ERROR a worker has sent goes as it would after them. */
 static void stream_abort(struct stream *st, const struct shim_err *err)
 {
 	const struct stream_ops *ops = st->ops;
+	if (ops != NULL && ops->ended != NULL && ops->ended(st)) {
+		stream_wire_ended(st);
+		return;
+	}
 	st->ops = NULL;
 	if (ops != NULL && ops->cancel != NULL)
 		ops->cancel(st);
@@ -858,7 +1025,9 @@ static int handle_request(struct conn *c, const struct frame_hdr *h, const uint8
 		return proto_error(c, EPROTO, "stream id %u reused", h->stream);
 	c->last_stream = h->stream;
 	struct shim_err e;
-	if (c->srv->shutting_down || c->nstreams >= c->srv->cfg.max_streams) {
+	/* (streams a worker has ended are not in flight for the client any more) */
+	unsigned inflight = c->nstreams - __atomic_load_n(&c->wire_ended, __ATOMIC_SEQ_CST);
+	if (c->srv->shutting_down || inflight >= c->srv->cfg.max_streams) {
 		if (c->srv->shutting_down)
 			err_set(&e, ECANCELED, NULL, "shim shutting down");
 		else
@@ -1519,10 +1688,14 @@ size_t stream_send_pipe(struct stream *st, int pfd, size_t len)
 	struct frame_hdr h = {.len = (uint32_t)len, .stream = st->id, .type = FRAME_DATA};
 	frame_put_hdr(hdr, &h);
 	size_t total = FRAME_HDR_LEN + len, sent = 0;
-	if (c->state == CONN_READY && c->outlen == 0)
+	pthread_mutex_lock(&c->wmu);
+	if (c->state == CONN_READY && c->outlen == 0 && c->wedge == NULL)
 		sent = pipe_send_now(c, hdr, pfd, total);
 	st->send_credit -= (int64_t)len;
-	if (sent < total && pipe_queue_rest(c, st->id, hdr, pfd, total, sent) < 0)
+	int rc = sent < total ? pipe_queue_rest(c, st->id, hdr, pfd, total, sent) : 0;
+	wire_update(c);
+	pthread_mutex_unlock(&c->wmu);
+	if (rc < 0)
 		pipe_drain(pfd);
 	return len;
 }

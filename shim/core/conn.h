@@ -3,6 +3,7 @@
 #define SHIM_CONN_H
 
 #include <ev.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +28,10 @@ struct stream_ops {
 	void (*cancel)(struct stream *st);
 	/* The op ended the stream itself (stream_end, stream_fail): st is being freed. */
 	void (*gone)(struct stream *st);
+	/* Optional: asked before cancel() whether the stream's END or ERROR has gone out
+	 * already, from a worker (conn_wire_send): true, and the stream goes as after
+	 * stream_end (gone(), no cancel(), no ERROR). */
+	bool (*ended)(struct stream *st);
 	/* Optional, with data: DATA bytes not read yet may go from the socket straight
 	 * into a pipe of the op's (spliced, never in the input buffer). Returns the pipe's
 	 * write end when n more bytes fit in it and nothing of the stream waits before
@@ -108,6 +113,16 @@ struct conn {
 	unsigned nstreams;
 	struct stream *blocked, *blocked_tail; /* streams waiting for output room, FIFO */
 	unsigned nblocked;
+
+	/* The socket as a worker may write to it (conn_wire_*): every write to wfd, the
+	 * loop's and a worker's, is made holding wmu, so that frames never interleave. */
+	pthread_mutex_t wmu;
+	bool wire_ok;   /* (wmu) a worker may write a whole frame: READY, and no frame part-written */
+	uint8_t *wedge; /* (wmu) the rest of a worker's frame the socket took only part of */
+	size_t wedge_len, wedge_off;
+	unsigned wire_ended; /* (atomic) streams a worker ended that the loop has not freed yet */
+	unsigned wire_refs;  /* ops that may reply from a worker: the memory stays while > 0 */
+	bool reaped;         /* fds closed, in no list: freed by the last conn_wire_put() */
 };
 
 /* Take over fds (rfd may equal wfd) and start reading. need_token: the HELLO must
@@ -136,6 +151,22 @@ void conn_budget_wake(void);
 void conn_budget_trim(void);
 /* Free dead connections; only at a safe point (before the loop sleeps). */
 void conn_reap_dead(struct server *s);
+/* A one-shot's reply (END or ERROR) sent by the worker that made it, saving the loop's
+ * wake-up on the way (op.c). Loop: may a job of c reply so? If so, c is kept (its memory,
+ * not its fds) until conn_wire_put(). */
+bool conn_wire_take(struct conn *c);
+void conn_wire_put(struct conn *c);
+/* Worker: send the frame now, whole, if nothing of the loop's is part-written and the
+ * connection is READY. true: it is the connection's (sent, or its rest kept to go
+ * first at the loop's next flush), *claim set to 1; false: nothing was written (the
+ * socket is busy or full, or *claim is 2: the loop ended the stream). */
+bool conn_wire_send(struct conn *c, int *claim, uint32_t stream, uint8_t type, const void *payload, size_t len);
+/* Loop: the stream of *claim is going without its reply: true if a worker has sent
+ * it (*claim 1); else *claim becomes 2 and no worker will. */
+bool conn_wire_settle(struct conn *c, int *claim);
+/* Loop: a stream whose END or ERROR a worker sent goes (as stream_end, without the frame). */
+void stream_wire_ended(struct stream *st);
+
 /* Process raw input bytes as if they had been read (used by the fuzz harness). */
 void conn_feed(struct conn *c, const uint8_t *buf, size_t len);
 

@@ -2,6 +2,8 @@
  * workers, its stream's hooks, and the one place that frees it. */
 #include "op.h"
 #include "conn.h"
+#include "dispatch.h"
+#include "frame.h"
 #include "log.h"
 #include "util.h"
 
@@ -17,6 +19,8 @@ static void op_free(struct op *op)
 		free(op->data);
 	free(op->reply.buf);
 	shim__v1__request__free_unpacked(op->req, NULL);
+	if (op->wire != NULL)
+		conn_wire_put(op->wire);
 	free(op);
 }
 
@@ -97,6 +101,13 @@ static void op_stream_cancel(struct stream *st)
 	op_maybe_free(op);
 }
 
+/* Has the worker sent the one-shot's reply? Then the stream goes as after it. */
+static bool op_stream_ended(struct stream *st)
+{
+	struct op *op = st->op_data;
+	return op->wire != NULL && conn_wire_settle(op->wire, &op->wire_claim);
+}
+
 /* The op ended its stream itself (END or ERROR). */
 static void op_stream_gone(struct stream *st)
 {
@@ -112,6 +123,7 @@ static const struct stream_ops op_stream_ops = {
 	.writable = op_stream_writable,
 	.cancel = op_stream_cancel,
 	.gone = op_stream_gone,
+	.ended = op_stream_ended,
 };
 
 /* ---- jobs ---- */
@@ -200,13 +212,30 @@ void op_at_end(struct op *op, struct op_job *job)
 /* the main job: kind->job, its rc and err kept in the op */
 static void main_run(struct op_job *job)
 {
-	job->rc = job->op->kind->job(job->op, &job->err);
+	struct op *op = job->op;
+	job->rc = op->kind->job(op, &job->err);
+	if (op->wire == NULL || worker_cancelled(&job->work))
+		return;
+	/* the reply from here, without the loop's wake-up on its way, when the socket
+	 * is free for it (else main_done sends it as always) */
+	if (job->rc == 0) {
+		conn_wire_send(op->wire, &op->wire_claim, op->wire_id, FRAME_END, op->reply.buf, op->reply.len);
+	} else {
+		uint8_t buf[1600];
+		size_t n = disp_pack_error(&job->err, buf, sizeof(buf));
+		conn_wire_send(op->wire, &op->wire_claim, op->wire_id, FRAME_ERROR, buf, n);
+	}
 }
 
 static void main_done(struct op_job *job)
 {
 	struct op *op = job->op;
-	if (op->kind->job_done != NULL) {
+	if (op->wire_claim == 1) {
+		if (job->rc < 0)
+			log_debug("conn %s: stream %u: %s: %s", op->st->conn->peer, op->st->id, job->err.msg,
+				  strerror(job->err.code));
+		stream_wire_ended(op->st);
+	} else if (op->kind->job_done != NULL) {
 		op->kind->job_done(op, job->rc, &job->err);
 	} else if (job->rc == 0) {
 		stream_end(op->st, op->reply.buf, op->reply.len);
@@ -253,6 +282,10 @@ int op_begin(struct stream *st, const struct op_kind *kind, Shim__V1__Request *r
 	st->ops = &op_stream_ops;
 	st->op_data = op;
 	if (kind->start == NULL) {
+		if (kind->job_done == NULL && conn_wire_take(st->conn)) {
+			op->wire = st->conn;
+			op->wire_id = st->id;
+		}
 		op_run_job(op);
 		return 0;
 	}

@@ -18,6 +18,7 @@
 #include "shim.pb-c.h"
 #include "worker.h"
 
+struct conn;
 struct stream;
 struct op;
 
@@ -91,6 +92,12 @@ struct op {
 	struct op_job *at_end;  /* op_at_end()'s, not submitted yet */
 	unsigned refs;          /* op_hold() */
 	unsigned depth;         /* inside a hook: not freed until it returns */
+	/* A one-shot's reply goes from its worker when the connection lets it
+	 * (conn_wire_send): the connection, the stream's id, and who ended the stream
+	 * (0 nobody yet, 1 the worker, 2 the loop), under the connection's wmu. */
+	struct conn *wire;
+	uint32_t wire_id;
+	int wire_claim;
 };
 
 /* Make the op for the REQUEST on st (req taken over) and start it. -1 with err: the
