@@ -8,7 +8,11 @@
  * cross-CPU wake-up on either side and shows what the protocol costs. A third run puts the
  * daemon and the echo child on one CPU and the bench on the other: every round trip then pays
  * two cross-CPU wake-ups on both sides alike (as placed, the scheduler may keep the echo child
- * beside the bench and not the daemon, or the other way round). */
+ * beside the bench and not the daemon, or the other way round).
+ *
+ * Each run also times sbx_stat of the bench's directory, interleaved with the pings: a
+ * one-shot file call, the worker's hop on top of the ping's path (its reply written by
+ * the worker itself); the ratio to sbx_ping is what the hop costs. */
 #include "bench_util.h"
 #include "sbx.h"
 
@@ -27,7 +31,7 @@
 #define BLOCK 1000
 #define MSG 20
 
-static uint64_t lat_shim[ROUNDS], lat_bare[ROUNDS];
+static uint64_t lat_shim[ROUNDS], lat_bare[ROUNDS], lat_stat[ROUNDS];
 
 static struct sbx_client *shim_connect(const char *sock)
 {
@@ -52,6 +56,22 @@ static void shim_pings(struct sbx_client *c, uint64_t *lat, int n)
 		uint64_t t0 = bench_now_ns();
 		if (sbx_ping(c, NULL, NULL, &err) < 0) {
 			fprintf(stderr, "bench_ping: ping: %s\n", sbx_error_format(&err, msg, sizeof(msg)));
+			exit(1);
+		}
+		if (lat != NULL)
+			lat[i] = bench_now_ns() - t0;
+	}
+}
+
+static void shim_stats(struct sbx_client *c, const char *path, uint64_t *lat, int n)
+{
+	struct sbx_error err;
+	char msg[1400];
+	for (int i = 0; i < n; i++) {
+		struct sbx_stat st = SBX_STAT_INIT;
+		uint64_t t0 = bench_now_ns();
+		if (sbx_stat(c, NULL, path, 0, &st, &err) < 0) {
+			fprintf(stderr, "bench_ping: stat: %s\n", sbx_error_format(&err, msg, sizeof(msg)));
 			exit(1);
 		}
 		if (lat != NULL)
@@ -127,9 +147,11 @@ static void measure(const char *how, int server_cpu, int client_cpu)
 
 	shim_pings(c, NULL, WARMUP);
 	bare_pings(fd, NULL, WARMUP);
+	shim_stats(c, dir, NULL, WARMUP);
 	for (int off = 0; off < ROUNDS; off += BLOCK) {
 		shim_pings(c, lat_shim + off, BLOCK);
 		bare_pings(fd, lat_bare + off, BLOCK);
+		shim_stats(c, dir, lat_stat + off, BLOCK);
 	}
 
 	sbx_client_close(c);
@@ -143,6 +165,9 @@ static void measure(const char *how, int server_cpu, int client_cpu)
 	       b50 / 1e3, (double)s50 / (double)b50, ROUNDS);
 	printf("ping rtt p99%s: sbx_ping %.1f us, bare unix echo %.1f us, ratio %.2f (%d pings)\n", how, s99 / 1e3,
 	       b99 / 1e3, (double)s99 / (double)b99, ROUNDS);
+	uint64_t t50 = bench_percentile(lat_stat, ROUNDS, 50);
+	printf("stat rtt p50%s: sbx_stat %.1f us, sbx_ping %.1f us, ratio %.2f (%d stats, the worker's hop)\n", how,
+	       t50 / 1e3, s50 / 1e3, (double)t50 / (double)s50, ROUNDS);
 }
 
 int main(void)
