@@ -249,18 +249,20 @@ static bool shim_var(const char *kv)
 static bool secret_name(const char *kv);
 static bool own_session_var(const char *kv);
 
-/* The shim's environment as its commands get it, made once by spawn_startup() (nothing
- * changes environ after it): pointers into environ, in its order, without the empty
+/* The shim's environment as its commands get it, made once at the first command (nothing
+ * changes environ after spawn_startup(); not at start, whose every touched page of text
+ * the idle daemon keeps resident): pointers into environ, in its order, without the empty
  * entries and the shim's own; a key given twice at its first place with its last value,
  * as env_put() would make it. "other" (a command of another user) also without what
  * looks like a credential and without the shim's session (secret_name, own_session_var).
  * Per command that left an O(n^2) search through the shim's variables and a filter of
- * each. v NULL (before spawn_startup, or out of memory): build_env() filters environ. */
+ * each. v NULL (out of memory): build_env() filters environ. */
 struct env_base {
 	const char **v;
 	size_t n;
 };
 static struct env_base env_same, env_other;
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 static void env_base_make(struct env_base *b, bool other)
 {
@@ -283,6 +285,12 @@ static void env_base_make(struct env_base *b, bool other)
 	}
 	b->v = v;
 	b->n = m;
+}
+
+static void env_bases_make(void)
+{
+	env_base_make(&env_same, false);
+	env_base_make(&env_other, true);
 }
 
 void spawn_startup(void)
@@ -308,8 +316,6 @@ void spawn_startup(void)
 			break;
 		}
 	}
-	env_base_make(&env_same, false);
-	env_base_make(&env_other, true);
 	policy_startup();
 }
 
@@ -393,6 +399,7 @@ static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, st
 			return err_setn(err, EINVAL, b->data, b->len, "environment entry is not K=V");
 	}
 	bool other = policy_uid(pl->pol) != geteuid();
+	pthread_once(&env_once, env_bases_make);
 	const struct env_base *eb = other ? &env_other : &env_same;
 	size_t base = 0;
 	if (!req->clear_env && eb->v != NULL)
