@@ -555,6 +555,21 @@ void conn_reap_dead(struct server *s)
 	}
 }
 
+/* What is left of a frame (its header, then len bytes of payload) once off bytes of it
+ * are written, copied to dst: the bytes copied. */
+static size_t frame_rest(uint8_t *dst, const uint8_t *hdr, const void *payload, size_t len, size_t off)
+{
+	size_t n = 0;
+	if (off < FRAME_HDR_LEN) {
+		n = FRAME_HDR_LEN - off;
+		memcpy(dst, hdr + off, n);
+		off = FRAME_HDR_LEN;
+	}
+	size_t skip = off - FRAME_HDR_LEN;
+	memcpy(dst + n, (const uint8_t *)payload + skip, len - skip);
+	return n + len - skip;
+}
+
 /* ---- replies from workers ---- */
 
 bool conn_wire_take(struct conn *c)
@@ -599,13 +614,8 @@ bool conn_wire_send(struct conn *c, int *claim, uint32_t stream, uint8_t type, c
 			sent = true;
 			*claim = 1;
 			if ((size_t)w < total) {
-				size_t off = (size_t)w;
-				size_t from_hdr = off < FRAME_HDR_LEN ? FRAME_HDR_LEN - off : 0;
-				memcpy(rest, hdr + FRAME_HDR_LEN - from_hdr, from_hdr);
-				size_t skip = off > FRAME_HDR_LEN ? off - FRAME_HDR_LEN : 0;
-				memcpy(rest + from_hdr, (const uint8_t *)payload + skip, len - skip);
 				c->wedge = rest;
-				c->wedge_len = total - off;
+				c->wedge_len = frame_rest(rest, hdr, payload, len, (size_t)w);
 				c->wedge_off = 0;
 				c->wire_ok = false;
 				rest = NULL;
@@ -814,16 +824,7 @@ static size_t send_direct_locked(struct stream *st, const void *buf, size_t len,
 		/* the socket took `left` bytes of this frame: the rest goes into the
 		 * reserved room (a header part, then the payload) */
 		struct obuf_chunk *t = c->out_tail;
-		const uint8_t *payload = iov[2 * i + 1].iov_base;
-		size_t skip = 0;
-		if (left < FRAME_HDR_LEN) {
-			memcpy(t->data + t->len, hdr[i] + left, FRAME_HDR_LEN - left);
-			t->len += FRAME_HDR_LEN - left;
-		} else {
-			skip = left - FRAME_HDR_LEN;
-		}
-		memcpy(t->data + t->len, payload + skip, flen[i] - skip);
-		t->len += flen[i] - skip;
+		t->len += frame_rest(t->data + t->len, hdr[i], iov[2 * i + 1].iov_base, flen[i], left);
 		c->outlen += fl - left;
 		budget_take(fl - left);
 		c->direct_rest_id = st->id;

@@ -246,53 +246,6 @@ static bool shim_var(const char *kv)
 	return strncmp(kv, "SBX_", 4) == 0 || strncmp(kv, "SANDBOX_SHIM_", 13) == 0;
 }
 
-static bool secret_name(const char *kv);
-static bool own_session_var(const char *kv);
-
-/* The shim's environment as its commands get it, made once at the first command (nothing
- * changes environ after spawn_startup(); not at start, whose every touched page of text
- * the idle daemon keeps resident): pointers into environ, in its order, without the empty
- * entries and the shim's own; a key given twice at its first place with its last value,
- * as env_put() would make it. "other" (a command of another user) also without what
- * looks like a credential and without the shim's session (secret_name, own_session_var).
- * Per command that left an O(n^2) search through the shim's variables and a filter of
- * each. v NULL (out of memory): build_env() filters environ. */
-struct env_base {
-	const char **v;
-	size_t n;
-};
-static struct env_base env_same, env_other;
-static pthread_once_t env_once = PTHREAD_ONCE_INIT;
-
-static void env_base_make(struct env_base *b, bool other)
-{
-	size_t n = 0;
-	while (environ != NULL && environ[n] != NULL)
-		n++;
-	const char **v = calloc(n + 1, sizeof(*v));
-	if (v == NULL)
-		return;
-	size_t m = 0;
-	for (size_t i = 0; i < n; i++) {
-		const char *kv = environ[i];
-		if (kv[0] == '\0' || shim_var(kv) || (other && (secret_name(kv) || own_session_var(kv))))
-			continue;
-		size_t j = env_find((char **)v, m, kv, key_len(kv));
-		if (j < m)
-			v[j] = kv;
-		else
-			v[m++] = kv;
-	}
-	b->v = v;
-	b->n = m;
-}
-
-static void env_bases_make(void)
-{
-	env_base_make(&env_same, false);
-	env_base_make(&env_other, true);
-}
-
 void spawn_startup(void)
 {
 	spawn_start_limits.have_nofile = getrlimit(RLIMIT_NOFILE, &spawn_start_limits.nofile) == 0;
@@ -365,6 +318,55 @@ static bool own_session_var(const char *kv)
 	return false;
 }
 
+/* The shim's environment as its commands get it, made at the first command (nothing
+ * changes environ after spawn_startup(); not at start, whose every touched page of text
+ * the idle daemon keeps resident): pointers into environ, in its order, without the empty
+ * entries and the shim's own; a key given twice at its first place with its last value,
+ * as env_put() would make it. "other" (a command of another user) also without what
+ * looks like a credential and without the shim's session (secret_name, own_session_var).
+ * Per command that was an O(n^2) search through the shim's variables and a filter of each. */
+struct env_base {
+	const char **v; /* NULL until made */
+	size_t n;
+};
+static struct env_base env_same, env_other;
+static pthread_mutex_t env_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int env_base_make(struct env_base *b, bool other)
+{
+	size_t n = 0;
+	while (environ != NULL && environ[n] != NULL)
+		n++;
+	const char **v = calloc(n + 1, sizeof(*v));
+	if (v == NULL)
+		return -1;
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		const char *kv = environ[i];
+		if (kv[0] == '\0' || shim_var(kv) || (other && (secret_name(kv) || own_session_var(kv))))
+			continue;
+		size_t j = env_find((char **)v, m, kv, key_len(kv));
+		if (j < m)
+			v[j] = kv;
+		else
+			v[m++] = kv;
+	}
+	b->n = m;
+	b->v = v;
+	return 0;
+}
+
+/* The base for a command of the shim's user or (other) another's; NULL: out of memory
+ * (made again at the next command). Set once, never changed after. */
+static const struct env_base *env_base(bool other)
+{
+	struct env_base *b = other ? &env_other : &env_same;
+	pthread_mutex_lock(&env_mu);
+	int rc = b->v != NULL ? 0 : env_base_make(b, other);
+	pthread_mutex_unlock(&env_mu);
+	return rc == 0 ? b : NULL;
+}
+
 static bool req_gives(const Shim__V1__ExecRequest *req, const char *key)
 {
 	size_t k = strlen(key);
@@ -399,34 +401,18 @@ static int build_env(const Shim__V1__ExecRequest *req, struct spawn_plan *pl, st
 			return err_setn(err, EINVAL, b->data, b->len, "environment entry is not K=V");
 	}
 	bool other = policy_uid(pl->pol) != geteuid();
-	pthread_once(&env_once, env_bases_make);
-	const struct env_base *eb = other ? &env_other : &env_same;
-	size_t base = 0;
-	if (!req->clear_env && eb->v != NULL)
-		base = eb->n;
-	else if (!req->clear_env)
-		while (environ != NULL && environ[base] != NULL)
-			base++;
+	const struct env_base *eb = NULL;
+	if (!req->clear_env && (eb = env_base(other)) == NULL)
+		return err_set(err, ENOMEM, NULL, "out of memory");
+	size_t base = eb != NULL ? eb->n : 0;
 	size_t cap = base + req->n_env + 8;
 	pl->envp = calloc(cap, sizeof(char *));
 	if (pl->envp == NULL)
 		return err_set(err, ENOMEM, NULL, "out of memory");
-	for (size_t i = 0; i < base; i++) {
-		if (eb->v != NULL) {
-			/* filtered and of distinct keys already: nothing to look up */
-			if ((pl->envp[pl->envc] = strdup(eb->v[i])) == NULL)
-				return err_set(err, ENOMEM, NULL, "out of memory");
-			pl->envc++;
-			continue;
-		}
-		if (environ[i][0] == '\0' || shim_var(environ[i]))
-			continue;
-		if (other && (secret_name(environ[i]) || own_session_var(environ[i])))
-			continue;
-		char *s = strdup(environ[i]);
-		if (s == NULL || env_put(pl, cap, s, true) < 0)
+	/* filtered and of distinct keys already: nothing to look up */
+	for (; pl->envc < base; pl->envc++)
+		if ((pl->envp[pl->envc] = strdup(eb->v[pl->envc])) == NULL)
 			return err_set(err, ENOMEM, NULL, "out of memory");
-	}
 	for (size_t i = 0; i < req->n_env; i++) {
 		char *s = cstr(&req->env[i], "environment entry", err);
 		if (s == NULL)
