@@ -2,12 +2,14 @@
  * or is refused, never half-bound (issue 17.7). The squatter runs as nobody. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +20,14 @@
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *sock;
+static pid_t shim_pid;
 
 static struct sbx_client *start(void)
 {
 	sock = it_path("s.sock");
-	it_daemon_start("shim", "--listen", it_unix_target(sock), "--state-dir", it_path("state"), "--log-level",
-			"debug", NULL);
+	shim_pid = it_daemon_start("shim", "--listen", it_unix_target(sock), "--state-dir", it_path("state"),
+				   "--log-level", "debug", NULL)
+			   ->pid;
 	return it_connect(it_unix_target(sock), NULL);
 }
 
@@ -140,6 +144,69 @@ static bool can_bind(const char *addr, unsigned port)
 	return ok;
 }
 
+/* Whether the shim has a TCP socket listening on ADDR:PORT: a LISTEN line of
+ * /proc/net/tcp{,6} for that address whose inode is one of the shim's fds. "Not bound
+ * by the tunnel" is asked this way, not by binding the port here: on a busy machine
+ * another program's connection may use the same port number on the other address. */
+static bool shim_listens(const char *addr, unsigned port)
+{
+	bool v6 = strchr(addr, ':') != NULL;
+	unsigned char a[16];
+	CHECK(inet_pton(v6 ? AF_INET6 : AF_INET, addr, a) == 1);
+	/* the kernel prints the address as 32-bit words in host order, in hex */
+	char want[40] = "";
+	for (int w = 0; w < (v6 ? 4 : 1); w++) {
+		uint32_t x;
+		memcpy(&x, a + 4 * w, 4);
+		char h[9];
+		snprintf(h, sizeof(h), "%08X", x);
+		strcat(want, h);
+	}
+	char wantp[8];
+	snprintf(wantp, sizeof(wantp), "%04X", port);
+	FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "re");
+	CHECK(f != NULL);
+	char line[512];
+	unsigned long inodes[16];
+	size_t n = 0;
+	while (fgets(line, sizeof(line), f) && n < 16) {
+		char local[64], st[8];
+		unsigned long ino;
+		if (sscanf(line, " %*s %63s %*s %7s %*s %*s %*s %*s %*s %lu", local, st, &ino) != 3)
+			continue; /* the header */
+		char *colon = strchr(local, ':');
+		if (!colon || strcmp(st, "0A") != 0)
+			continue;
+		*colon = '\0';
+		if (strcmp(local, want) == 0 && strcmp(colon + 1, wantp) == 0)
+			inodes[n++] = ino;
+	}
+	fclose(f);
+	for (size_t i = 0; i < n; i++) {
+		char sockname[64];
+		snprintf(sockname, sizeof(sockname), "socket:[%lu]", inodes[i]);
+		char dir[64];
+		snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)shim_pid);
+		DIR *d = opendir(dir);
+		CHECK(d != NULL);
+		struct dirent *e;
+		bool found = false;
+		while (!found && (e = readdir(d))) {
+			char lp[320], tgt[64];
+			snprintf(lp, sizeof(lp), "%s/%s", dir, e->d_name);
+			ssize_t k = readlink(lp, tgt, sizeof(tgt) - 1);
+			if (k > 0) {
+				tgt[k] = '\0';
+				found = strcmp(tgt, sockname) == 0;
+			}
+		}
+		closedir(d);
+		if (found)
+			return true;
+	}
+	return false;
+}
+
 /* A port free on both loopback addresses, as nobody's squatter will then take it. */
 static unsigned free_port(void)
 {
@@ -184,7 +251,7 @@ static int case_prebound(void)
 			CHECK(t == NULL);
 			/* not half-bound: the other address is free */
 			const char *other = h == 0 ? "127.0.0.1" : "::1";
-			CHECKF(can_bind(other, port), "%s:%u was left bound by the refused tunnel", other, port);
+			CHECKF(!shim_listens(other, port), "%s:%u was left bound by the refused tunnel", other, port);
 			squatter_end(&q);
 			printf("%s held by nobody: tunnel on %s:%u refused (%s), %s free\n", want,
 			       hosts[k] ? hosts[k] : "(default)", port, err.message, other);
@@ -207,6 +274,7 @@ static int case_held(void)
 	struct sbx_tunnel *t;
 	CHECK_SBX(sbx_reverse_open(c, "localhost", 0, NULL, 1, NULL, &t, &err), &err);
 	unsigned port = sbx_tunnel_port(t);
+	CHECK(shim_listens("127.0.0.1", port) && shim_listens("::1", port));
 	static const char *const addrs[] = {"::1", "127.0.0.1", "0.0.0.0", "::"};
 	for (size_t i = 0; i < ARRAY_LEN(addrs); i++) {
 		struct squatter q;
@@ -253,18 +321,18 @@ static int case_held(void)
 	sbx_tunnel_close(t);
 	/* closed: both addresses are free again */
 	uint64_t deadline = it_now_ms() + 5000;
-	while (!(can_bind("127.0.0.1", port) && can_bind("::1", port))) {
+	while (shim_listens("127.0.0.1", port) || shim_listens("::1", port)) {
 		CHECKF(it_now_ms() < deadline, "port %u still held after the tunnel closed", port);
 		it_sleep_ms(10);
 	}
 	/* ip6-localhost: ::1 only */
 	CHECK_SBX(sbx_reverse_open(c, "ip6-localhost", 0, NULL, 1, NULL, &t, &err), &err);
-	CHECK(!can_bind("::1", sbx_tunnel_port(t)));
-	CHECK(can_bind("127.0.0.1", sbx_tunnel_port(t)));
+	CHECK(!can_bind("::1", sbx_tunnel_port(t)) && shim_listens("::1", sbx_tunnel_port(t)));
+	CHECK(!shim_listens("127.0.0.1", sbx_tunnel_port(t)));
 	sbx_tunnel_close(t);
 	/* a numeric address binds that address only */
 	CHECK_SBX(sbx_reverse_open(c, "127.0.0.1", 0, NULL, 1, NULL, &t, &err), &err);
-	CHECK(can_bind("::1", sbx_tunnel_port(t)));
+	CHECK(shim_listens("127.0.0.1", sbx_tunnel_port(t)) && !shim_listens("::1", sbx_tunnel_port(t)));
 	sbx_tunnel_close(t);
 	sbx_client_close(c);
 	return 0;
