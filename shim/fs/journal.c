@@ -17,6 +17,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -25,31 +26,56 @@
 /* "." + NAME + ".sbx-" + 6 random characters */
 #define TEMP_EXTRA (1 + sizeof(TEMP_TAG) - 1 + TEMP_RAND)
 
-/* An entry is a small file named by 16 random hex digits holding "PATH\n". Its
- * writer holds flock(LOCK_EX) on it until the write is over: a sweep (ours at
- * start, or another daemon's sharing the state dir) removes only entries it can
- * lock, i.e. whose daemon is gone, since the kernel drops the lock with the
- * process however it dies.
+/* An entry is a small file named by 16 random hex digits whose first line is
+ * "PATH\n". Its daemon holds flock(LOCK_EX) on it for as long as the entry is open: a
+ * sweep (ours at start, or another daemon's sharing the state dir) removes only
+ * entries it can lock, i.e. whose daemon is gone, since the kernel drops the lock with
+ * the process however it dies.
  *
- * A finished entry is not unlinked but renamed (still locked, then closed) into
- * STATE/pending-writes.idle, up to IDLE_MAX of them, and the next write takes it
- * back: reopened and locked, its new path written over the old one, renamed into
- * the journal. An inode created and deleted per write is what made small writes
- * slow: ext4 without a journal does not reuse a recently deleted inode, and scans
- * past every one of them at each create, in the state dir and in the directories
- * beside it. The idle directory is never read for temp files to remove: a sweep
- * only deletes the files in it that nobody has locked. It holds no fd: it is
- * reached through the journal's, as IDLE_REL. */
+ * A finished entry is not unlinked but kept, open and still locked, as a spare (up to
+ * SPARE_MAX of them): its first line is made empty ("\n", one pwrite), which names
+ * nothing, and the next write takes it back by writing its own path over it (one
+ * pwrite; what is left of a longer old path after the newline is not read). An inode
+ * created and deleted per write is what made small writes slow (ext4 without a
+ * journal does not reuse a recently deleted inode, and scans past every one of them
+ * at each create, in the state dir and in the directories beside it); reopening,
+ * relocking and renaming a spare in and out of another directory cost another seven
+ * syscalls, ~30 us, per write. A dead daemon's spares are unlocked: a sweep removes
+ * them with its other entries.
+ *
+ * Daemons before this one kept their spares, closed, in STATE/pending-writes.idle:
+ * a sweep removes the ones nobody holds, and the directory once it is empty. */
 struct journal_entry {
 	struct journal_entry *prev, *next;
 	int fd;
+	size_t fsize; /* the entry file's size: the longest line it has held */
 	char name[20];
 	char path[]; /* the temp file */
 };
 
-#define IDLE_MAX 4
-#define IDLE_SUFFIX ".idle"
-#define IDLE_REL "../pending-writes" IDLE_SUFFIX "/"
+/* Write line (ending in its newline) at the start of e's file, NUL bytes after it up
+ * to the file's size: a spare's old, longer path leaves no piece of itself to be read
+ * (the file's size does not change, which would cost a truncate). 0, or -1. */
+static int entry_write(struct journal_entry *e, const char *line, size_t len)
+{
+	static const char nuls[PATH_MAX + 2];
+	size_t pad = e->fsize > len ? e->fsize - len : 0;
+	if (pad > sizeof(nuls))
+		pad = sizeof(nuls); /* (cannot be: no line is longer than PATH_MAX + 1) */
+	struct iovec iov[2] = {{(void *)line, len}, {(void *)nuls, pad}};
+	ssize_t n = pwritev(e->fd, iov, pad > 0 ? 2 : 1, 0);
+	if (n != (ssize_t)(len + pad)) {
+		if (n >= 0)
+			errno = ENOSPC; /* (a short write of a regular file: the disk is full) */
+		return -1;
+	}
+	if (len > e->fsize)
+		e->fsize = len;
+	return 0;
+}
+
+#define SPARE_MAX 4
+#define OLD_IDLE_SUFFIX ".idle"
 
 static struct {
 	pthread_mutex_t mu;
@@ -60,20 +86,12 @@ static struct {
 	char dir[PATH_MAX];
 	int dfd; /* -1 until the first write creates the directory */
 	struct journal_entry *live;
-	pid_t pid; /* the daemon's: a forked child that calls exit() must not sweep */
-	/* entries kept for reuse (journal_remove), in STATE/pending-writes.idle */
-	char idle_dir[PATH_MAX];
-	bool idle_made;             /* the idle directory exists */
-	bool no_idle;               /* renames between the two cannot be done here: never keep one */
-	struct journal_entry *idle; /* through next; fd -1 */
-	unsigned n_idle;            /* in the list, or being renamed into the idle directory */
+	pid_t pid;                   /* the daemon's: a forked child that calls exit() must not sweep */
+	char old_idle_dir[PATH_MAX]; /* STATE/pending-writes.idle, of older daemons; "" if too long */
+	/* entries kept for reuse (journal_remove): in the journal, open, locked, naming nothing */
+	struct journal_entry *spare; /* through next */
+	unsigned n_spare;
 } jr = {.mu = PTHREAD_MUTEX_INITIALIZER, .change_mu = PTHREAD_MUTEX_INITIALIZER, .dfd = -1};
-
-/* IDLE_REL NAME, for the *at calls on jr.dfd */
-static void idle_rel(const struct journal_entry *e, char *buf, size_t size)
-{
-	snprintf(buf, size, IDLE_REL "%s", e->name);
-}
 
 static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 
@@ -178,19 +196,21 @@ static unsigned sweep_entry(int dfd, const char *name)
 	char buf[PATH_MAX + 1];
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
 	unsigned removed = 0;
-	if (n > 0 && buf[n - 1] == '\n') {
-		buf[n - 1] = '\0';
+	char *nl = n > 0 ? memchr(buf, '\n', (size_t)n) : NULL;
+	if (nl != NULL && nl > buf) {
+		*nl = '\0';
 		removed = (unsigned)remove_temp(buf);
 		if (removed)
 			log_info("journal: removed %s, left by an unfinished write", buf);
 	}
-	/* An entry without its newline was cut short while being written, before its
-	 * temp file was created: only the entry is left to remove. */
+	/* An empty first line is a spare, naming nothing; an entry without its newline
+	 * was cut short while being written, before its temp file was created: only the
+	 * entry is left to remove. */
 	unlinkat(dfd, name, 0);
 	return removed;
 }
 
-/* One file of the idle directory: a dead daemon's spare entry (nothing it names is
+/* One file of an older daemon's idle directory: a spare entry (nothing it names is
  * pending), removed unless a live daemon holds it. */
 static void sweep_idle_entry(int dfd, const char *name)
 {
@@ -234,10 +254,12 @@ static unsigned sweep_idle_one(int dfd, const char *name)
 
 unsigned journal_sweep(void)
 {
-	if (!jr.no_idle) {
-		int cleanup_close idfd = open(jr.idle_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (idfd >= 0)
+	if (jr.old_idle_dir[0] != '\0') {
+		int cleanup_close idfd = open(jr.old_idle_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (idfd >= 0) {
 			sweep_dir(idfd, sweep_idle_one);
+			rmdir(jr.old_idle_dir); /* (ENOTEMPTY while an older daemon holds some) */
+		}
 	}
 	if (jr.dfd < 0)
 		return 0;
@@ -257,14 +279,9 @@ static void journal_atexit(void)
 		remove_temp(e->path);
 		unlinkat(jr.dfd, e->name, 0);
 	}
-	/* the spare entries go, and their directory if no other daemon has some there */
-	for (struct journal_entry *e = jr.idle; e != NULL; e = e->next) {
-		char rel[sizeof(IDLE_REL) + sizeof(e->name)];
-		idle_rel(e, rel, sizeof(rel));
-		unlinkat(jr.dfd, rel, 0);
-	}
-	if (jr.idle_made)
-		unlinkat(AT_FDCWD, jr.idle_dir, AT_REMOVEDIR);
+	/* the spare entries go too */
+	for (struct journal_entry *e = jr.spare; e != NULL; e = e->next)
+		unlinkat(jr.dfd, e->name, 0);
 	pthread_mutex_unlock(&jr.mu);
 }
 
@@ -275,11 +292,9 @@ int journal_init(const char *state_dir)
 		fprintf(stderr, "sandbox-shim: state dir %s: path too long\n", state_dir);
 		return -1;
 	}
-	if ((size_t)n + sizeof(IDLE_SUFFIX) <= sizeof(jr.idle_dir)) {
-		memcpy(jr.idle_dir, jr.dir, (size_t)n);
-		memcpy(jr.idle_dir + n, IDLE_SUFFIX, sizeof(IDLE_SUFFIX));
-	} else {
-		jr.no_idle = true;
+	if ((size_t)n + sizeof(OLD_IDLE_SUFFIX) <= sizeof(jr.old_idle_dir)) {
+		memcpy(jr.old_idle_dir, jr.dir, (size_t)n);
+		memcpy(jr.old_idle_dir + n, OLD_IDLE_SUFFIX, sizeof(OLD_IDLE_SUFFIX));
 	}
 	jr.dfd = open(jr.dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (jr.dfd < 0 && errno != ENOENT) {
@@ -374,107 +389,74 @@ static int entry_create(int dfd, struct journal_entry *e, struct shim_err *err)
 	}
 }
 
-/* A spare entry, taken out of the idle list, with room for a path of plen bytes and
- * its newline; NULL if there is none. */
-static struct journal_entry *idle_take(size_t plen)
+/* Drop entry e for good (a spare that cannot be used, or one there is no room to
+ * keep): its file unlinked while still locked, so no sweep sees it unlocked first.
+ * As the shim (the caller has paused a user's identity). */
+static void entry_drop(struct journal_entry *e)
+{
+	if (unlinkat(jr.dfd, e->name, 0) < 0)
+		log_warn("journal: cannot remove entry %s: %s", e->name, strerror(errno));
+	close(e->fd);
+	free(e);
+}
+
+void journal_drop_spares(void)
+{
+	pthread_mutex_lock(&jr.change_mu);
+	pthread_mutex_lock(&jr.mu);
+	struct journal_entry *e = jr.spare;
+	jr.spare = NULL;
+	jr.n_spare = 0;
+	pthread_mutex_unlock(&jr.mu);
+	while (e != NULL) {
+		struct journal_entry *next = e->next;
+		entry_drop(e);
+		e = next;
+	}
+	pthread_mutex_unlock(&jr.change_mu);
+}
+
+/* A spare entry, taken out of the list, with room for a path of plen bytes and its
+ * newline; NULL if there is none. */
+static struct journal_entry *spare_take(size_t plen)
 {
 	pthread_mutex_lock(&jr.mu);
-	struct journal_entry *e = jr.idle;
+	struct journal_entry *e = jr.spare;
 	if (e != NULL) {
-		jr.idle = e->next;
-		jr.n_idle--;
+		jr.spare = e->next;
+		jr.n_spare--;
 	}
 	pthread_mutex_unlock(&jr.mu);
 	if (e == NULL)
 		return NULL;
 	struct journal_entry *n = realloc(e, sizeof(*e) + plen + 2);
-	if (n == NULL) {
-		char rel[sizeof(IDLE_REL) + sizeof(e->name)];
-		idle_rel(e, rel, sizeof(rel));
-		unlinkat(jr.dfd, rel, 0);
-		free(e);
-	}
+	if (n == NULL)
+		entry_drop(e);
 	return n;
 }
 
-/* idle_reuse's steps on the reopened spare: 1 taken back, 0 gone meanwhile (a sweep
- * removed it), -1 failed (the spare is to be removed). */
-static int idle_retake(struct journal_entry *e, const char *rel, size_t len)
-{
-	struct stat st;
-	if (flock(e->fd, LOCK_EX) < 0 || fstat(e->fd, &st) < 0 || !S_ISREG(st.st_mode))
-		return -1;
-	if (st.st_nlink == 0)
-		return 0;
-	if (pwrite(e->fd, e->path, len, 0) != (ssize_t)len ||
-	    ((size_t)st.st_size > len && ftruncate(e->fd, (off_t)len) < 0))
-		return -1;
-	/* NOREPLACE: a name that another daemon's entry took meanwhile stays its own */
-	return renameat2(jr.dfd, rel, jr.dfd, e->name, RENAME_NOREPLACE) == 0 ? 1 : -1;
-}
-
-/* Put the spare entry e (e->path holds len bytes, "PATH\n") back into the journal:
- * locked (a sweep may have removed it while it was not), the new path written over
- * the old one first, so that it never names anything else while in the journal.
- * 0, or -1 with e freed and its file gone. */
-static int idle_reuse(struct journal_entry *e, size_t len)
-{
-	char rel[sizeof(IDLE_REL) + sizeof(e->name)];
-	idle_rel(e, rel, sizeof(rel));
-	e->fd = openat(jr.dfd, rel, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
-	int r = e->fd < 0 ? 0 : idle_retake(e, rel, len);
-	if (r == 1)
-		return 0;
-	if (r < 0)
-		unlinkat(jr.dfd, rel, 0);
-	if (e->fd >= 0)
-		close(e->fd);
-	free(e);
-	return -1;
-}
-
-/* Keep e (out of the live list, still locked) for the next write instead of
- * deleting it: true if it was renamed into the idle directory (and closed). */
-static bool idle_keep(struct journal_entry *e)
+/* Keep e (out of the live list, still locked) for the next write instead of deleting
+ * it: true if its first line now names nothing and it is in the spare list. */
+static bool spare_keep(struct journal_entry *e)
 {
 	pthread_mutex_lock(&jr.mu);
-	bool room = !jr.no_idle && jr.n_idle < IDLE_MAX;
+	bool room = jr.n_spare < SPARE_MAX;
 	if (room)
-		jr.n_idle++; /* the place is ours while we rename */
-	if (room && !jr.idle_made) {
-		/* created by the first entry kept (like the journal, by the first write) */
-		if (mkdir(jr.idle_dir, 0700) < 0 && errno != EEXIST) {
-			jr.no_idle = true;
-			room = false;
-			jr.n_idle--;
-		} else {
-			jr.idle_made = true;
-		}
-	}
+		jr.n_spare++; /* the place is ours while we write */
 	pthread_mutex_unlock(&jr.mu);
 	if (!room)
 		return false;
-	char rel[sizeof(IDLE_REL) + sizeof(e->name)];
-	idle_rel(e, rel, sizeof(rel));
-	/* renamed while still locked, so that no sweep sees it unlocked in the journal */
-	if (renameat2(jr.dfd, e->name, jr.dfd, rel, RENAME_NOREPLACE) == 0) {
-		close(e->fd);
-		e->fd = -1;
-		pthread_mutex_lock(&jr.mu);
-		e->prev = NULL;
-		e->next = jr.idle;
-		jr.idle = e;
-		pthread_mutex_unlock(&jr.mu);
-		return true;
-	}
-	int en = errno;
+	bool ok = entry_write(e, "\n", 1) == 0;
 	pthread_mutex_lock(&jr.mu);
-	jr.n_idle--;
-	/* no RENAME_NOREPLACE (EINVAL), another filesystem there (EXDEV)...: never again */
-	if (en != EEXIST)
-		jr.no_idle = true;
+	if (ok) {
+		e->prev = NULL;
+		e->next = jr.spare;
+		jr.spare = e;
+	} else {
+		jr.n_spare--;
+	}
 	pthread_mutex_unlock(&jr.mu);
-	return false;
+	return ok;
 }
 
 static struct journal_entry *add_entry(const char *path, struct shim_err *err)
@@ -483,13 +465,16 @@ static struct journal_entry *add_entry(const char *path, struct shim_err *err)
 	if (dfd < 0)
 		return NULL;
 	size_t plen = strlen(path);
-	struct journal_entry cleanup_free *e = idle_take(plen);
+	struct journal_entry cleanup_free *e = spare_take(plen);
 	if (e != NULL) {
 		memcpy(e->path, path, plen);
 		e->path[plen] = '\n';
 		e->path[plen + 1] = '\0';
-		if (idle_reuse(e, plen + 1) < 0)
-			e = NULL; /* (freed) */
+		/* the new path over the spare's empty line: the entry names it from now on */
+		if (entry_write(e, e->path, plen + 1) < 0) {
+			entry_drop(steal_ptr(e));
+			e = NULL;
+		}
 	}
 	if (e == NULL) {
 		e = malloc(sizeof(*e) + plen + 2);
@@ -502,9 +487,9 @@ static struct journal_entry *add_entry(const char *path, struct shim_err *err)
 		e->path[plen + 1] = '\0';
 		if (entry_create(dfd, e, err) < 0)
 			return NULL;
-		ssize_t w = write(e->fd, e->path, plen + 1);
-		if (w != (ssize_t)plen + 1) {
-			err_set(err, w < 0 ? errno : ENOSPC, jr.dir, "write a journal entry in %s", jr.dir);
+		e->fsize = 0;
+		if (entry_write(e, e->path, plen + 1) < 0) {
+			err_set(err, errno, jr.dir, "write a journal entry in %s", jr.dir);
 			entry_unmake(dfd, e);
 			return NULL;
 		}
@@ -533,16 +518,11 @@ void journal_remove(struct journal_entry *e)
 	if (e->next != NULL)
 		e->next->prev = e->prev;
 	pthread_mutex_unlock(&jr.mu);
-	/* renamed or unlinked while still holding the lock, so no sweep sees it
-	 * unlocked first */
-	bool paused = fs_ctx_pause();
-	bool kept = idle_keep(e);
-	if (!kept && unlinkat(jr.dfd, e->name, 0) < 0)
-		log_warn("journal: cannot remove entry %s: %s", e->name, strerror(errno));
-	fs_ctx_resume(paused);
+	/* (a pwrite on the entry's fd needs no identity of the shim's; an unlink does) */
+	if (!spare_keep(e)) {
+		bool paused = fs_ctx_pause();
+		entry_drop(e);
+		fs_ctx_resume(paused);
+	}
 	pthread_mutex_unlock(&jr.change_mu);
-	if (kept)
-		return;
-	close(e->fd);
-	free(e);
 }

@@ -21,9 +21,14 @@ struct journal_entry;
  * directory (a restore's) may be recorded too: a sweep removes it with its tree. */
 struct journal_entry *journal_add(const char *path, struct shim_err *err);
 /* Forget the entry (the temp file was renamed into place or removed): it leaves the
- * journal, kept as a spare in STATE/pending-writes.idle for a later journal_add (or
- * unlinked). NULL is fine. Worker threads only. */
+ * journal, kept open and locked as a spare naming nothing (its first line empty) for a
+ * later journal_add (or unlinked). NULL is fine. Worker threads only. */
 void journal_remove(struct journal_entry *e);
+
+/* Close and remove the spare entries (journal_remove keeps a few, open). For a
+ * process that checks its fds and the journal's directory between operations (the
+ * fuzz harness); no write may be running. */
+void journal_drop_spares(void);
 
 /* Temp file names: ".NAME.sbx-XXXXXX" (NAME shortened to fit NAME_MAX). Fill buf
  * (size > NAME_MAX) with a fresh random name for NAME. */

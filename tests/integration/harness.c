@@ -30,6 +30,46 @@ static unsigned n_daemons;
 static const char *case_name = "?";
 static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* The entries of journal whose first line is empty (spares: true) or not. */
+static int journal_count(const char *journal, bool spares)
+{
+	int dfd = open(journal, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -1;
+	DIR *d = fdopendir(dfd);
+	if (d == NULL) {
+		close(dfd);
+		return -1;
+	}
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		char c = 0;
+		/* (an entry gone meanwhile counts as neither; one being made, still empty,
+		 * as pending: its write is under way) */
+		if (fd < 0)
+			continue;
+		bool spare = read(fd, &c, 1) == 1 && c == '\n';
+		close(fd);
+		n += spare == spares;
+	}
+	closedir(d);
+	return n;
+}
+
+int it_journal_pending(const char *journal)
+{
+	return journal_count(journal, false);
+}
+
+int it_journal_spares(const char *journal)
+{
+	return journal_count(journal, true);
+}
+
 uint64_t it_now_ms(void)
 {
 	struct timespec ts;
@@ -199,6 +239,26 @@ unsigned it_count_fds(pid_t pid)
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
 	return it_count_entries(path);
+}
+
+uint8_t *it_slurp(const char *path, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	struct stat st;
+	CHECKF(fstat(fd, &st) == 0, "%s: %s", path, strerror(errno));
+	uint8_t *buf = malloc((size_t)st.st_size + 1);
+	CHECK(buf != NULL);
+	size_t got = 0;
+	while (got < (size_t)st.st_size) {
+		ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+		CHECKF(n > 0, "%s: %s", path, n < 0 ? strerror(errno) : "shorter than its size");
+		got += (size_t)n;
+	}
+	close(fd);
+	*len = got;
+	return buf;
 }
 
 ssize_t it_read_text(const char *path, char *buf, size_t size)

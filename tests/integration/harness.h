@@ -83,6 +83,12 @@ void it_sleep_ms(unsigned ms);
  * (ASan sets RLIMIT_CORE to 0 at start unless told disable_coredump=0). */
 void it_keep_core_limit(void);
 
+/* Entries of a pending-writes journal (STATE/pending-writes) that name a temp file:
+ * those whose first line is not empty (a spare the daemon keeps for its next write has
+ * an empty one). -1 if there is no such directory. it_journal_spares: the others. */
+int it_journal_pending(const char *journal);
+int it_journal_spares(const char *journal);
+
 /* ---- daemons ---- */
 
 struct it_daemon {
@@ -123,6 +129,9 @@ void it_write_file(const char *path, const char *content);
 /* Entries of dir whose names do not start with '.'; 0 when dir does not exist. Fails
  * the test when it cannot be read otherwise. */
 unsigned it_count_entries(const char *dir);
+/* A whole file's bytes (malloc'd, *len of them), or NULL with errno when it cannot be
+ * opened (ENOENT: it does not exist). A failed read fails the test. */
+uint8_t *it_slurp(const char *path, size_t *len);
 /* Read a small file (a /proc one) into buf, NUL-terminated; its length, or -1 with errno
  * when it cannot be opened or read. */
 ssize_t it_read_text(const char *path, char *buf, size_t size);

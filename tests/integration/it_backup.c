@@ -166,7 +166,7 @@ static void wait_temps(const char *dir, int want, unsigned ms)
 static void wait_journal_empty(unsigned ms)
 {
 	uint64_t end = it_now_ms() + ms;
-	while (count_entries(it_path("state/pending-writes")) != 0) {
+	while (it_journal_pending(it_path("state/pending-writes")) != 0) {
 		CHECKF(it_now_ms() < end, "journal entries left in %s", it_path("state/pending-writes"));
 		it_sleep_ms(5);
 	}
@@ -753,7 +753,7 @@ static int case_roundtrip(void)
 	snap_free(&after);
 	free(junk);
 	CHECK_EQ(count_temps(it_dir()), 0);
-	CHECK_EQ(count_entries(it_path("state/pending-writes")), 0);
+	CHECK_EQ(it_journal_pending(it_path("state/pending-writes")), 0);
 
 	/* the same through the streaming calls, gzip and zstd */
 	for (int comp = 1; comp <= 2; comp++) {
@@ -1144,7 +1144,7 @@ static int case_malicious(void)
 	restore_file(dir, &ro, good, NULL);
 	CHECK_EQ(count_entries(dir), 2);
 	CHECK_EQ(count_temps(it_path("parent")), 0);
-	CHECK_EQ(count_entries(it_path("state/pending-writes")), 0);
+	CHECK_EQ(it_journal_pending(it_path("state/pending-writes")), 0);
 	snap_free(&old);
 	free(outside);
 	return 0;
@@ -1744,7 +1744,7 @@ static int case_to_from_path(void)
 	CHECK(sbx_backup_to_file(client, NULL, it_path("nothere"), &bo, it_path("x.tar"), &rec, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, ENOENT);
 	CHECK_EQ(count_temps(it_dir()), 0);
-	CHECK_EQ(count_entries(it_path("state/pending-writes")), 0);
+	CHECK_EQ(it_journal_pending(it_path("state/pending-writes")), 0);
 	snap_free(&before);
 	return 0;
 }
@@ -1959,7 +1959,7 @@ static int case_disconnect_restore(void)
 	restore_setup(&dir, &old, &arch);
 	int fd = raw_restore_start(dir, arch, 200 * KiB);
 	wait_temps(it_path("p"), 1, 10000);
-	CHECK_EQ(count_entries(it_path("state/pending-writes")), 1);
+	CHECK_EQ(it_journal_pending(it_path("state/pending-writes")), 1);
 	close(fd);
 	wait_temps(it_path("p"), 0, 10000);
 	wait_journal_empty(10000);
@@ -1999,7 +1999,7 @@ static int case_sigkill_restore(void)
 	wait_temps(it_path("p"), 1, 10000);
 	/* the temp directory has some of the archive in it */
 	it_sleep_ms(100);
-	CHECK_EQ(count_entries(it_path("state/pending-writes")), 1);
+	CHECK_EQ(it_journal_pending(it_path("state/pending-writes")), 1);
 	CHECK(kill(daemon1->pid, SIGKILL) == 0);
 	CHECK(it_daemon_wait_exit(daemon1, 5000));
 	close(fd);
@@ -2012,7 +2012,7 @@ static int case_sigkill_restore(void)
 	SPRINTF(sock2, "%s", it_path("shim2.sock"));
 	struct it_daemon *d2 = it_daemon_start("shim2", "--listen", it_unix_target(sock2), "--state-dir", state, NULL);
 	CHECK_EQ(count_temps(it_path("p")), 0);
-	CHECK_EQ(count_entries(it_path("state/pending-writes")), 0);
+	CHECK_EQ(it_journal_pending(it_path("state/pending-writes")), 0);
 	check_old(dir, &old);
 	char *log = it_daemon_log(d2);
 	CHECK_CONTAINS(log, "removed");
@@ -2225,7 +2225,7 @@ static void refused_msg(const char *dir, const struct snap *old, const char *in,
 	SPRINTF(parent, "%s", dir);
 	*strrchr(parent, '/') = '\0';
 	CHECKF(count_temps(parent) == 0, "%s: a temp directory left in %s", what, parent);
-	CHECKF(count_entries(it_path("state/pending-writes")) == 0, "%s: a journal entry left", what);
+	CHECKF(it_journal_pending(it_path("state/pending-writes")) == 0, "%s: a journal entry left", what);
 }
 
 static void refused(const char *dir, const struct snap *old, const char *in, int merge, int allow_empty, int via,

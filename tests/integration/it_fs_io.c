@@ -155,7 +155,7 @@ static void wait_entries(const char *dir, int want, unsigned timeout_ms)
 {
 	uint64_t deadline = it_now_ms() + timeout_ms;
 	int n;
-	while ((n = count_entries(dir)) != want) {
+	while ((n = it_journal_pending(dir)) != want) {
 		CHECKF(it_now_ms() < deadline, "%s holds %d entries, not %d, after %u ms", dir, n, want, timeout_ms);
 		it_sleep_ms(5);
 	}
@@ -1205,23 +1205,45 @@ static uint8_t next_frame_type(int fd, uint32_t stream, uint8_t **payload, size_
 	}
 }
 
-/* The one entry of the idle journal directory (its inode), or 0 if there is none. */
-static ino_t idle_inode(const char *idle)
+/* A spare journal entry's file: an empty first line, then nothing but NUL bytes (no
+ * piece of an old path). */
+static bool spare_text(const uint8_t *text, size_t len)
 {
-	DIR *d = opendir(idle);
+	if (len == 0 || text[0] != '\n')
+		return false;
+	for (size_t i = 1; i < len; i++)
+		if (text[i] != 0)
+			return false;
+	return true;
+}
+
+/* The one entry of the journal after one write at a time, a spare (its inode), or 0 if
+ * there is none. */
+static ino_t spare_inode(const char *journal)
+{
+	DIR *d = opendir(journal);
 	if (d == NULL)
 		return 0;
 	ino_t ino = 0;
 	int n = 0;
 	struct dirent *e;
+	char ent[PATH_MAX + 300];
 	while ((e = readdir(d)) != NULL) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
 		n++;
 		ino = e->d_ino;
+		snprintf(ent, sizeof(ent), "%s/%s", journal, e->d_name);
 	}
 	closedir(d);
-	CHECKF(n <= 1, "%d entries in %s after one write at a time", n, idle);
+	CHECKF(n <= 1, "%d entries in %s after one write at a time", n, journal);
+	if (n == 1) {
+		size_t len = 0;
+		uint8_t *text = slurp(ent, &len);
+		CHECKF(text != NULL && spare_text(text, len), "the spare entry %s holds '%.*s'", ent, (int)len,
+		       text ? (char *)text : "");
+		free(text);
+	}
 	return ino;
 }
 
@@ -1233,9 +1255,8 @@ static int case_small_writes(void)
 {
 	struct it_daemon *d;
 	struct sbx_client *c = start("shim", &d);
-	char journal[PATH_MAX], idle[PATH_MAX];
+	char journal[PATH_MAX];
 	snprintf(journal, sizeof(journal), "%s", it_path("shim.state/pending-writes"));
-	snprintf(idle, sizeof(idle), "%s", it_path("shim.state/pending-writes.idle"));
 	struct sbx_error err;
 	struct sbx_stat st = SBX_STAT_INIT;
 	static uint8_t data[70100];
@@ -1256,9 +1277,9 @@ static int case_small_writes(void)
 			struct stat ls;
 			CHECK(stat(path, &ls) == 0);
 			CHECK_EQ(ls.st_mode & 07777, round == 0 ? 0644u : 0640u);
-			CHECK_EQ(count_entries(journal), 0);
-			ino_t ino = idle_inode(idle);
-			CHECKF(ino != 0, "no spare journal entry in %s", idle);
+			CHECK_EQ(it_journal_pending(journal), 0);
+			ino_t ino = spare_inode(journal);
+			CHECKF(ino != 0, "no spare journal entry in %s", journal);
 			if (ino0 == 0)
 				ino0 = ino;
 			CHECKF(ino == ino0, "the journal entry was made anew (inode %llu, then %llu)",
@@ -1280,7 +1301,7 @@ static int case_small_writes(void)
 	CHECK(sbx_write_file_buf(c, NULL, it_dir(), 0, SBX_MODE_KEEP, "new", 3, NULL, &err) < 0);
 	CHECK_ERR(&err, SBX_ERR_REMOTE, EISDIR);
 	CHECK_EQ(count_temps(it_dir()), 0);
-	CHECK_EQ(count_entries(journal), 0);
+	CHECK_EQ(it_journal_pending(journal), 0);
 
 	/* a FIFO with a reader: the bytes that came with the request go on the loop */
 	char fifo[PATH_MAX];
@@ -1355,12 +1376,11 @@ static int case_small_writes(void)
 	CHECK((len == 10 && memcmp(now, "first then", 10) == 0) || (len == 4 && memcmp(now, "lost", 4) == 0));
 	free(now);
 
-	/* SIGTERM: the spare entries go with the daemon, their directory too */
+	/* SIGTERM: the spare entries go with the daemon */
+	CHECKF(it_journal_spares(journal) >= 1, "no spare entry in %s", journal);
 	sbx_client_close(c);
 	int status = it_daemon_stop(d);
 	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %#x", status);
-	struct stat ls;
-	CHECKF(lstat(idle, &ls) < 0 && errno == ENOENT, "%s is left after the daemon exited", idle);
 	CHECK_EQ(count_entries(journal), 0);
 	return 0;
 }
@@ -1451,9 +1471,31 @@ static int case_whole_writes(void)
 	return 0;
 }
 
-/* The spare journal entries of a daemon that died (SIGKILL) are removed by the next
- * daemon's start; a live daemon's spare entry removed by another daemon's start (it
- * is not locked while spare) is made anew. */
+/* The inodes of the journal's entries, sorted, into v (at most max); their count. */
+static int entry_inodes(const char *journal, ino_t *v, int max)
+{
+	DIR *d = opendir(journal);
+	CHECK(d != NULL);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.' && n < max)
+			v[n++] = e->d_ino;
+	closedir(d);
+	for (int a = 1; a < n; a++)
+		for (int b = a; b > 0 && v[b - 1] > v[b]; b--) {
+			ino_t t = v[b];
+			v[b] = v[b - 1];
+			v[b - 1] = t;
+		}
+	return n;
+}
+
+/* Spare journal entries: kept in the journal, locked, naming nothing. Another daemon
+ * starting on the same state dir leaves a live daemon's spares alone, and they serve
+ * its next writes; a clean exit removes them; those of a daemon that died (SIGKILL)
+ * are removed by the next start, and so are an older daemon's spares in
+ * STATE/pending-writes.idle with that directory. */
 static int case_journal_spares(void)
 {
 	struct it_daemon *d;
@@ -1478,7 +1520,7 @@ static int case_journal_spares(void)
 		CHECK(pthread_create(&th[i], NULL, writer_thread, &w[i]) == 0);
 	}
 	wait_temps(it_dir(), 4, 5000);
-	CHECK_EQ(count_entries(journal), 4);
+	CHECK_EQ(it_journal_pending(journal), 4);
 	for (int i = 0; i < 4; i++)
 		src[i].go = 1;
 	for (int i = 0; i < 4; i++) {
@@ -1486,11 +1528,13 @@ static int case_journal_spares(void)
 		CHECKF(w[i].rc == 0, "write %d: %s", i, it_errstr(&w[i].err));
 		sbx_client_close(cs[i]);
 	}
-	CHECK_EQ(count_entries(journal), 0);
-	int spares = count_entries(idle);
+	CHECK_EQ(it_journal_pending(journal), 0);
+	int spares = it_journal_spares(journal);
 	CHECKF(spares >= 1 && spares <= 4, "%d spare entries", spares);
+	CHECK_EQ(count_entries(journal), spares);
 
-	/* a longer path, then a shorter one: the entry names exactly the new temp file */
+	/* a longer path, then a shorter one: the entry's first line names exactly the new
+	 * temp file, and nothing of the old one is left after it */
 	snprintf(path, sizeof(path), "%s/a-rather-long-name-for-a-file-to-write", it_dir());
 	CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "x", 1, NULL, &err), &err);
 	char shortp[PATH_MAX];
@@ -1501,13 +1545,24 @@ static int case_journal_spares(void)
 		pthread_t t;
 		CHECK(pthread_create(&t, NULL, writer_thread, &sw) == 0);
 		wait_temps(it_dir(), 1, 5000);
+		CHECK_EQ(it_journal_pending(journal), 1);
 		DIR *dd = opendir(journal);
 		CHECK(dd != NULL);
 		struct dirent *e;
 		char ent[PATH_MAX + 300] = "";
-		while ((e = readdir(dd)) != NULL)
-			if (e->d_name[0] != '.')
-				snprintf(ent, sizeof(ent), "%s/%s", journal, e->d_name);
+		while ((e = readdir(dd)) != NULL) {
+			if (e->d_name[0] == '.')
+				continue;
+			snprintf(ent, sizeof(ent), "%s/%s", journal, e->d_name);
+			size_t elen = 0;
+			uint8_t *text = slurp(ent, &elen);
+			CHECK(text != NULL);
+			bool spare = spare_text(text, elen);
+			free(text);
+			if (!spare)
+				break;
+			ent[0] = '\0';
+		}
 		closedir(dd);
 		CHECK(ent[0] != '\0');
 		size_t elen = 0;
@@ -1524,38 +1579,61 @@ static int case_journal_spares(void)
 				snprintf(tmpname, sizeof(tmpname), "%s", e->d_name);
 		closedir(td);
 		snprintf(want, sizeof(want), "%s/%s\n", real, tmpname);
-		CHECKF(elen == strlen(want) && memcmp(text, want, elen) == 0, "the entry holds '%.*s', not '%s'",
-		       (int)elen, (char *)text, want);
+		size_t wl = strlen(want), nuls = 0;
+		while (wl + nuls < elen && text[wl + nuls] == 0)
+			nuls++;
+		CHECKF(elen >= wl && memcmp(text, want, wl) == 0 && wl + nuls == elen,
+		       "the entry holds '%.*s', not '%s' and NUL bytes", (int)elen, (char *)text, want);
 		free(text);
 		ss.go = 1;
 		CHECK(pthread_join(t, NULL) == 0);
 		CHECKF(sw.rc == 0, "%s", it_errstr(&sw.err));
 	}
+	CHECK_EQ(it_journal_pending(journal), 0);
 
-	/* another daemon starting on the state dir removes the spares (not locked) */
+	/* another daemon starting on the state dir: the spares are locked, it leaves them */
+	ino_t before[8], after[8];
+	int nb = entry_inodes(journal, before, 8);
+	CHECK(nb >= 1 && nb <= 4);
 	struct it_daemon *d2 = it_daemon_start("other", "--listen", it_unix_target(it_path("other.sock")),
 					       "--state-dir", it_path("shim.state"), NULL);
-	CHECK_EQ(count_entries(idle), 0);
-	/* and the first daemon's next writes do without them */
+	CHECK_EQ(entry_inodes(journal, after, 8), nb);
+	CHECK(memcmp(before, after, (size_t)nb * sizeof(ino_t)) == 0);
+	/* and the first daemon's next writes take them: no entry made anew */
 	for (int i = 0; i < 3; i++) {
 		CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "again", 5, NULL, &err), &err);
 		check_local(path, "again", 5);
-		CHECK_EQ(count_entries(journal), 0);
-		CHECK_EQ(count_entries(idle), 1);
+		CHECK_EQ(it_journal_pending(journal), 0);
+		CHECK_EQ(entry_inodes(journal, after, 8), nb);
+		CHECK(memcmp(before, after, (size_t)nb * sizeof(ino_t)) == 0);
 	}
 	CHECK_EQ(it_daemon_stop(d2), 0);
-	CHECK_EQ(count_entries(idle), 1); /* (the first daemon's, still alive) */
+	CHECK_EQ(it_journal_spares(journal), nb); /* (the first daemon's, still alive) */
 
-	/* SIGKILL: its spare entry is left, and removed by the next start */
+	/* SIGKILL: its spare entries are left, and removed by the next start; so are an
+	 * older daemon's spares in pending-writes.idle, and that directory */
 	sbx_client_close(c);
 	CHECK(kill(d->pid, SIGKILL) == 0);
 	CHECK(it_daemon_wait_exit(d, 5000));
-	CHECK_EQ(count_entries(idle), 1);
+	CHECK_EQ(it_journal_spares(journal), nb);
+	CHECK(mkdir(idle, 0700) == 0);
+	char old_spare[PATH_MAX + 32];
+	snprintf(old_spare, sizeof(old_spare), "%s/0123456789abcdef", idle);
+	it_write_file(old_spare, "/no/such/.f.sbx-AAAAAA\n");
 	struct it_daemon *d3 = it_daemon_start("shim3", "--listen", it_unix_target(it_path("shim3.sock")),
 					       "--state-dir", it_path("shim.state"), NULL);
-	CHECK_EQ(count_entries(idle), 0);
+	CHECK_EQ(count_entries(journal), 0);
+	struct stat ist;
+	CHECKF(lstat(idle, &ist) < 0 && errno == ENOENT, "%s is still there", idle);
 	check_local(path, "again", 5);
+	/* a clean exit removes its spares */
+	c = it_connect(it_unix_target(it_path("shim3.sock")), NULL);
+	CHECK_SBX(sbx_write_file_buf(c, NULL, path, 0, SBX_MODE_KEEP, "third", 5, NULL, &err), &err);
+	CHECK_EQ(it_journal_spares(journal), 1);
+	sbx_client_close(c);
 	CHECK_EQ(it_daemon_stop(d3), 0);
+	CHECK_EQ(count_entries(journal), 0);
+	check_local(path, "third", 5);
 	return 0;
 }
 
@@ -1573,12 +1651,12 @@ static int case_sigkill_write(void)
 	while (!src.blocked)
 		it_sleep_ms(1);
 	const char *journal = it_path("shim.state/pending-writes");
-	CHECK_EQ(count_entries(journal), 1);
+	CHECK_EQ(it_journal_pending(journal), 1);
 	CHECK(kill(d->pid, SIGKILL) == 0);
 	CHECK(it_daemon_wait_exit(d, 5000));
 	it_sleep_ms(50);
 	CHECK_EQ(count_temps(it_dir()), 1);
-	CHECK_EQ(count_entries(journal), 1);
+	CHECK_EQ(it_journal_pending(journal), 1);
 	check_local(path, old_data, sizeof(old_data));
 	src.go = 1;
 	CHECK(pthread_join(th, NULL) == 0);
@@ -1589,7 +1667,7 @@ static int case_sigkill_write(void)
 	struct it_daemon *d2 = it_daemon_start("shim2", "--listen", it_unix_target(it_path("shim2.sock")),
 					       "--state-dir", it_path("shim.state"), NULL);
 	CHECK_EQ(count_temps(it_dir()), 0);
-	CHECK_EQ(count_entries(journal), 0);
+	CHECK_EQ(it_journal_pending(journal), 0);
 	check_local(path, old_data, sizeof(old_data));
 	char *log = it_daemon_log(d2);
 	CHECK_CONTAINS(log, "removed");
@@ -1619,7 +1697,7 @@ static int case_shared_state(void)
 	it_daemon_start("other", "--listen", it_unix_target(it_path("other.sock")), "--state-dir",
 			it_path("shim.state"), NULL);
 	CHECK_EQ(count_temps(it_dir()), 1);
-	CHECK_EQ(count_entries(it_path("shim.state/pending-writes")), 1);
+	CHECK_EQ(it_journal_pending(it_path("shim.state/pending-writes")), 1);
 	src.go = 1;
 	CHECK(pthread_join(th, NULL) == 0);
 	CHECKF(w.rc == 0, "the write failed: %s", it_errstr(&w.err));
@@ -1628,7 +1706,7 @@ static int case_shared_state(void)
 	CHECK(got != NULL && len == 300 * KiB + 5 && got[0] == 'N' && got[len - 1] == 'M');
 	free(got);
 	CHECK_EQ(count_temps(it_dir()), 0);
-	CHECK_EQ(count_entries(it_path("shim.state/pending-writes")), 0);
+	CHECK_EQ(it_journal_pending(it_path("shim.state/pending-writes")), 0);
 
 	/* SIGTERM while a write waits for its bytes: cancelled, nothing left */
 	put_local(path, old_data, sizeof(old_data));
@@ -1641,7 +1719,7 @@ static int case_shared_state(void)
 	int status = it_daemon_stop(d);
 	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %#x", status);
 	CHECK_EQ(count_temps(it_dir()), 0);
-	CHECK_EQ(count_entries(it_path("shim.state/pending-writes")), 0);
+	CHECK_EQ(it_journal_pending(it_path("shim.state/pending-writes")), 0);
 	check_local(path, old_data, sizeof(old_data));
 	src2.go = 1;
 	CHECK(pthread_join(th, NULL) == 0);
@@ -2010,7 +2088,7 @@ static int case_fsync_temp(void)
 		CHECKF(access(fresh, F_OK) < 0 && errno == ENOENT, "%s exists after the failed write", fresh);
 		CHECK_EQ(count_temps(dir), 0);
 		CHECK_EQ(count_entries(dir), 1);
-		CHECK_EQ(count_entries(journal), 0);
+		CHECK_EQ(it_journal_pending(journal), 0);
 	}
 	char want[PATH_MAX + 32];
 	snprintf(want, sizeof(want), "fsync %s/.target.sbx-", dir);
@@ -2022,7 +2100,7 @@ static int case_fsync_temp(void)
 	struct sbx_error err;
 	CHECK_SBX(sbx_write_file_buf(c, NULL, ok, 0, SBX_MODE_KEEP, data, n, NULL, &err), &err);
 	check_local(ok, data, n);
-	CHECK_EQ(count_entries(journal), 0);
+	CHECK_EQ(it_journal_pending(journal), 0);
 	free(data);
 	sbx_client_close(c);
 	return 0;
@@ -2064,7 +2142,7 @@ static int case_fsync_dir(void)
 	CHECK(inode_of(path) != ino);
 	CHECK_EQ(count_temps(dir), 0);
 	CHECK_EQ(count_entries(dir), 1);
-	CHECK_EQ(count_entries(journal), 0);
+	CHECK_EQ(it_journal_pending(journal), 0);
 	char want[PATH_MAX + 16];
 	snprintf(want, sizeof(want), "fsync %s\n", dir);
 	CHECKF(fault_logged(log, want), "the interposer failed no fsync of %s", dir);

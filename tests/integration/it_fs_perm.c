@@ -157,7 +157,7 @@ static void check_journal_empty(const char *state)
 {
 	char j[PATH_MAX];
 	SPRINTF(j, "%s/pending-writes", state);
-	int n = count_entries(j);
+	int n = it_journal_pending(j);
 	CHECKF(n <= 0, "%d entries left in %s", n, j);
 }
 

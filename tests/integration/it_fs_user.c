@@ -180,7 +180,7 @@ static void world_unchanged(const struct world *w)
 	SPRINTF(j, "%s/pending-writes", w->state);
 	struct stat js;
 	if (lstat(j, &js) == 0)
-		CHECKF(entries(j) == 0, "journal entries left in %s", j);
+		CHECKF(it_journal_pending(j) == 0, "journal entries left in %s", j);
 }
 
 static bool is_root(void)
