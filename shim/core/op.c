@@ -244,6 +244,34 @@ static void main_done(struct op_job *job)
 	}
 }
 
+void op_wire_open(struct op *op)
+{
+	if (op->wire == NULL && op->st != NULL && conn_wire_take(op->st->conn)) {
+		op->wire = op->st->conn;
+		op->wire_id = op->st->id;
+	}
+}
+
+bool op_wire_end(struct op *op, struct op_job *job, const Shim__V1__Result *res)
+{
+	if (op->wire == NULL || worker_cancelled(&job->work))
+		return false;
+	uint8_t small[1024];
+	size_t n = shim__v1__result__get_packed_size(res);
+	if (n > sizeof(small))
+		return false; /* (the loop's path packs it) */
+	shim__v1__result__pack(res, small);
+	return conn_wire_send(op->wire, &op->wire_claim, op->wire_id, FRAME_END, small, n);
+}
+
+bool op_wire_ended(struct op *op)
+{
+	if (op->wire_claim != 1)
+		return false;
+	stream_wire_ended(op->st);
+	return true;
+}
+
 void op_run_job(struct op *op)
 {
 	op->job.run = main_run;

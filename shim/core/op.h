@@ -131,6 +131,17 @@ void op_fail(struct op *op, const struct shim_err *err);
 /* op_end with Result.done. */
 void op_end_done(struct op *op);
 
+/* An op with a start hook whose END may go from the worker that makes it, as a
+ * one-shot's does (conn_wire_send): asked for in start (op_wire_open). Only for an END
+ * after which nothing of the stream's is queued on the loop (no DATA, no WINDOW sent
+ * for it yet), since the worker's frame may go before those. op_wire_end, from the
+ * job: pack res and send it now if the connection lets it; true if it went. Then, in
+ * the job's done(), op_wire_ended is true and has ended the stream (as op_end would;
+ * the op goes after its hooks as always); false: end it as usual. */
+void op_wire_open(struct op *op);
+bool op_wire_end(struct op *op, struct op_job *job, const Shim__V1__Result *res);
+bool op_wire_ended(struct op *op);
+
 /* Pack res into reply (on the worker). -1 with err (ENOMEM). */
 int op_reply_pack(struct op_reply *reply, const Shim__V1__Result *res, struct shim_err *err);
 /* Reply with Result.done. */

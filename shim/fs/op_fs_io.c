@@ -1138,6 +1138,25 @@ static void wr_commit_run(struct wr *w)
 	w->job.rc = 0;
 }
 
+/* The write's END, with bytes written and the file's stat after the commit: sent from
+ * the job (from_worker: true if it went, see op_wire_end) or by the loop. */
+static bool wr_reply(struct wr *w, uint64_t bytes, bool from_worker)
+{
+	Shim__V1__FileStat fst;
+	Shim__V1__Timestamp ts[3];
+	fs_fill_stat(&fst, ts, &w->done_st, NULL, 0);
+	Shim__V1__WriteReply wr = SHIM__V1__WRITE_REPLY__INIT;
+	wr.bytes = bytes;
+	wr.stat = &fst;
+	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
+	res.kind_case = SHIM__V1__RESULT__KIND_WRITE;
+	res.write = &wr;
+	if (from_worker)
+		return op_wire_end(w->op, &w->job, &res);
+	op_end(w->op, &res);
+	return true;
+}
+
 /* Every step as the request's identity (OP_FS): the temp file is created as it (and
  * so owned by it, no chown after), renamed and removed as it. */
 static void wr_run(struct op_job *job)
@@ -1150,8 +1169,14 @@ static void wr_run(struct op_job *job)
 		if (w->job.rc == 0 && w->open_write && !w->on_loop && !w->wait_reader) {
 			wr_write_run(w);
 			w->open_wrote = w->job.rc == 0;
-			if (w->job.rc == 0 && w->open_commit)
+			if (w->job.rc == 0 && w->open_commit) {
 				wr_commit_run(w);
+				/* A small write, whole in one job: nothing of its stream has been
+				 * sent (no WINDOW yet), so its END may go from here, without waking
+				 * the loop for it (wr_done then only tidies up). */
+				if (w->job.rc == 0)
+					wr_reply(w, w->total + w->job_len, true);
+			}
 		}
 		break;
 	case WJ_WRITE:
@@ -1197,24 +1222,12 @@ static void wr_fail_undo(struct wr *w, const struct shim_err *err)
 	op_fail(w->op, err);
 }
 
-static void wr_reply(struct wr *w)
-{
-	Shim__V1__FileStat fst;
-	Shim__V1__Timestamp ts[3];
-	fs_fill_stat(&fst, ts, &w->done_st, NULL, 0);
-	Shim__V1__WriteReply wr = SHIM__V1__WRITE_REPLY__INIT;
-	wr.bytes = w->total;
-	wr.stat = &fst;
-	Shim__V1__Result res = SHIM__V1__RESULT__INIT;
-	res.kind_case = SHIM__V1__RESULT__KIND_WRITE;
-	res.write = &wr;
-	op_end(w->op, &res);
-}
-
 static void wr_done(struct op_job *job)
 {
 	struct wr *w = container_of(job, struct wr, job);
 	w->busy = false;
+	if (op_wire_ended(w->op))
+		return; /* (its END went from the job) */
 	if (job->rc < 0) {
 		/* the job has already dropped the temp file and the journal entry (one
 		 * that could not enter the request's identity left them to the undo) */
@@ -1236,7 +1249,7 @@ static void wr_done(struct op_job *job)
 			ev_io_set(&w->io, w->fd, EV_WRITE);
 		if (w->open_wrote && w->open_commit) {
 			w->total += w->job_len;
-			wr_reply(w);
+			wr_reply(w, w->total, false);
 			return;
 		}
 		if (w->open_wrote) {
@@ -1255,10 +1268,10 @@ static void wr_done(struct op_job *job)
 		break;
 	case WJ_WRITE_COMMIT:
 		w->total += w->job_len;
-		wr_reply(w);
+		wr_reply(w, w->total, false);
 		return;
 	case WJ_COMMIT:
-		wr_reply(w);
+		wr_reply(w, w->total, false);
 		return;
 	}
 	wr_pump(w);
@@ -1441,6 +1454,7 @@ static int write_start(struct op *op, struct shim_err *err)
 	w->allow_special = q->has_allow_special && q->allow_special;
 	/* the data frames read with the request come first (wr_start_cb) */
 	ev_prepare_start(srv->loop, &w->start);
+	op_wire_open(op);
 	return 0;
 }
 

@@ -537,18 +537,6 @@ static int case_credit_exec(void)
 	return 0;
 }
 
-/* Write len bytes of a frame's wire form (header, payload) as they are, in one piece. */
-static void send_bytes(int fd, const uint8_t *buf, size_t len)
-{
-	for (size_t off = 0; off < len;) {
-		ssize_t w = send(fd, buf + off, len - off, MSG_NOSIGNAL);
-		if (w < 0 && errno == EINTR)
-			continue;
-		CHECKF(w > 0, "send: %s", strerror(errno));
-		off += (size_t)w;
-	}
-}
-
 /* The echo's paths through the daemon, at the frame level: bytes written straight back
  * from its input with their WINDOW (an idle output), queued behind a socket the client
  * does not read (the shim's writes come short, the rest of a frame is queued), kept in
@@ -630,7 +618,7 @@ static int case_echo_paths(void)
 	static const size_t cuts[] = {5, FRAME_HDR_LEN, 1000, 30000, 40000 + FRAME_HDR_LEN + 100, sizeof(wire)};
 	size_t at = 0;
 	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
-		send_bytes(r, wire + at, cuts[i] - at);
+		raw_send_bytes(r, wire + at, cuts[i] - at);
 		at = cuts[i];
 		info_of(c);
 	}

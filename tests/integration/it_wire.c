@@ -1,18 +1,22 @@
-/* it_wire.c: one-shot replies (stat, readlink, ...) that the worker making them writes to
- * the socket itself (conn_wire_send): whole frames among the loop's, a reply the socket
- * takes only part of, CANCEL racing the reply, the stream limit right after an END, and
- * connections that go while replies are on their way. Watched at the frame level. */
+/* it_wire.c: one-shot replies (stat, readlink, ...) and small writes' ENDs that the worker
+ * making them writes to the socket itself (conn_wire_send): whole frames among the
+ * loop's, a reply the socket takes only part of, CANCEL racing the reply, the stream
+ * limit right after an END, and connections that go while replies are on their way.
+ * Watched at the frame level. */
 #include "harness.h"
 #include "rawclient.h"
 #include "shim.pb-c.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -64,14 +68,60 @@ static void send_stats(int fd, uint32_t first, unsigned n, const char *path, boo
 			frame_put_hdr(p + FRAME_HDR_LEN + rn, &hc);
 		}
 	}
-	for (size_t off = 0; off < per * n;) {
-		ssize_t w = send(fd, buf + off, per * n - off, MSG_NOSIGNAL);
-		if (w < 0 && errno == EINTR)
-			continue;
-		CHECKF(w > 0, "send: %s", strerror(errno));
-		off += (size_t)w;
-	}
+	raw_send_bytes(fd, buf, per * n);
 	free(buf);
+}
+
+/* REQUEST (write path), DATA with FIN (body, body_len bytes), and CANCEL when cancel,
+ * for n streams from first, all in one send: path_i is dir/f<i>. */
+static void send_writes(int fd, uint32_t first, unsigned n, const char *dir, const uint8_t *body, size_t body_len,
+			bool cancel)
+{
+	size_t cap = n * (3 * FRAME_HDR_LEN + 512 + body_len), len = 0;
+	uint8_t *buf = malloc(cap);
+	CHECK(buf != NULL);
+	for (unsigned i = 0; i < n; i++) {
+		char path[PATH_MAX + 16];
+		snprintf(path, sizeof(path), "%s/f%u", dir, i);
+		Shim__V1__WriteRequest wq = SHIM__V1__WRITE_REQUEST__INIT;
+		wq.path.data = (uint8_t *)path;
+		wq.path.len = strlen(path);
+		Shim__V1__Request req = SHIM__V1__REQUEST__INIT;
+		req.kind_case = SHIM__V1__REQUEST__KIND_WRITE;
+		req.write = &wq;
+		size_t rn = shim__v1__request__get_packed_size(&req);
+		CHECK(rn <= 512);
+		uint32_t id = first + 2 * i;
+		struct frame_hdr h = {.len = (uint32_t)rn, .stream = id, .type = FRAME_REQUEST};
+		frame_put_hdr(buf + len, &h);
+		shim__v1__request__pack(&req, buf + len + FRAME_HDR_LEN);
+		len += FRAME_HDR_LEN + rn;
+		struct frame_hdr hd = {
+			.len = (uint32_t)body_len, .stream = id, .type = FRAME_DATA, .flags = FRAME_FLAG_FIN};
+		frame_put_hdr(buf + len, &hd);
+		memcpy(buf + len + FRAME_HDR_LEN, body, body_len);
+		len += FRAME_HDR_LEN + body_len;
+		if (cancel) {
+			struct frame_hdr hc = {.len = 0, .stream = id, .type = FRAME_CANCEL};
+			frame_put_hdr(buf + len, &hc);
+			len += FRAME_HDR_LEN;
+		}
+	}
+	raw_send_bytes(fd, buf, len);
+	free(buf);
+}
+
+/* Names in dir that are not f<N>: a temp file left, or anything else. */
+static int strays(const char *dir)
+{
+	DIR *d = opendir(dir);
+	CHECK(d != NULL);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != 'f' && strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+	closedir(d);
+	return n;
 }
 
 /* Every stream has ended: a PING's PONG is the next frame, and the connection lives. */
@@ -201,6 +251,95 @@ static int case_cancel(void)
 	return 0;
 }
 
+/* Small writes whose REQUEST, DATA and FIN come in one read (one job each, the END from
+ * the worker), 100 at once, 12 rounds, every other one with a CANCEL for each, right
+ * after its FIN or once the first END is in: each stream ends exactly once, with END (bytes and size as sent, the file's
+ * bytes exact) or ERROR ECANCELED (the file then absent, or whole: the commit came
+ * first), nothing after; no temp file is left, no journal entry pending. */
+static int case_writes(void)
+{
+	const char *sock = it_path("shim.sock");
+	struct it_daemon *d = it_daemon_start("shim", "--listen", it_unix_target(sock), "--workers", "2", "--state-dir",
+					      it_path("state"), NULL);
+	int fd = raw_connect_unix(sock);
+	raw_hello(fd, NULL);
+	enum { N = 100, ROUNDS = 12 };
+	uint8_t body[777];
+	uint32_t id = 1;
+	unsigned ends = 0, cancels = 0;
+	for (int r = 0; r < ROUNDS; r++, id += 2 * N) {
+		char dir[PATH_MAX];
+		snprintf(dir, sizeof(dir), "%s/r%d", it_dir(), r);
+		CHECK(mkdir(dir, 0755) == 0);
+		it_fill(body, sizeof(body), (unsigned)r);
+		size_t blen = sizeof(body) - (size_t)r;
+		bool cancel = r % 2 == 1;
+		/* the CANCELs with the writes (before their jobs start: all ECANCELED) or
+		 * right after them, in a send of their own (racing the jobs and their ENDs) */
+		send_writes(fd, id, N, dir, body, blen, cancel && r % 4 == 1);
+		static int seen[N];
+		memset(seen, 0, sizeof(seen));
+		for (unsigned got = 0; got < N; got++) {
+			struct frame_hdr h;
+			uint8_t *p;
+			CHECKF(raw_recv(fd, &h, &p, 10000) == 1, "EOF after %u of round %d", got, r);
+			if (got == 0 && cancel && r % 4 == 3) {
+				/* every stream's CANCEL as the first reply is in: some ENDs have
+				 * gone, jobs run, the CANCELs race them */
+				uint8_t cb[N * FRAME_HDR_LEN];
+				for (unsigned i = 0; i < N; i++) {
+					struct frame_hdr hc = {.len = 0, .stream = id + 2 * i, .type = FRAME_CANCEL};
+					frame_put_hdr(cb + FRAME_HDR_LEN * i, &hc);
+				}
+				raw_send_bytes(fd, cb, sizeof(cb));
+			}
+			CHECKF(h.stream >= id && h.stream < id + 2 * N && (h.stream - id) % 2 == 0,
+			       "a %s frame for stream %u", frame_type_name(h.type), h.stream);
+			unsigned k = (h.stream - id) / 2;
+			CHECKF(seen[k] == 0, "stream %u ended twice (a %s frame after the first)", h.stream,
+			       frame_type_name(h.type));
+			seen[k] = 1;
+			char path[PATH_MAX + 16];
+			snprintf(path, sizeof(path), "%s/f%u", dir, k);
+			size_t flen = 0;
+			uint8_t *now = it_slurp(path, &flen);
+			CHECKF(now != NULL || errno == ENOENT, "%s: %s", path, strerror(errno));
+			if (h.type == FRAME_END) {
+				Shim__V1__Result *res = shim__v1__result__unpack(NULL, h.len, p);
+				CHECK(res != NULL && res->kind_case == SHIM__V1__RESULT__KIND_WRITE);
+				CHECK_EQ(res->write->bytes, blen);
+				CHECK(res->write->stat != NULL && res->write->stat->size == blen);
+				shim__v1__result__free_unpacked(res, NULL);
+				CHECKF(now != NULL && flen == blen && memcmp(now, body, blen) == 0,
+				       "%s after its END: %zu bytes", path, flen);
+				ends++;
+			} else {
+				CHECKF(h.type == FRAME_ERROR && cancel, "a %s frame on stream %u",
+				       frame_type_name(h.type), h.stream);
+				char msg[256];
+				CHECK_EQ(raw_error_code(p, h.len, msg, sizeof(msg)), ECANCELED);
+				CHECKF(now == NULL || (flen == blen && memcmp(now, body, blen) == 0),
+				       "%s after ECANCELED: %zu bytes", path, flen);
+				cancels++;
+			}
+			free(now);
+			free(p);
+		}
+		/* a cancelled write's temp file goes after its stream (on a worker) */
+		uint64_t deadline = it_now_ms() + 5000;
+		while (strays(dir) != 0 || it_journal_pending(it_path("state/pending-writes")) > 0) {
+			CHECKF(it_now_ms() < deadline, "round %d: %d stray names, %d journal entries", r, strays(dir),
+			       it_journal_pending(it_path("state/pending-writes")));
+			it_sleep_ms(5);
+		}
+	}
+	printf("%u writes ended, %u cancelled\n", ends, cancels);
+	expect_pong(fd);
+	close(fd);
+	it_daemon_stop(d);
+	return 0;
+}
+
 /* --max-streams 1: a call sent the moment the last one's END arrives is in flight
  * alone, even when the worker sent that END and the loop has not yet seen the job end. */
 static int case_limit(void)
@@ -208,11 +347,17 @@ static int case_limit(void)
 	const char *sock = it_path("shim.sock");
 	struct it_daemon *d = it_daemon_start("shim", "--listen", it_unix_target(sock), "--max-streams", "1", NULL);
 	struct sbx_client *c = it_connect(it_unix_target(sock), NULL);
+	const char *f = it_path("small");
 	for (int i = 0; i < 5000; i++) {
 		struct sbx_stat st = SBX_STAT_INIT;
 		struct sbx_error err;
 		int rc = sbx_stat(c, NULL, "/", 0, &st, &err);
 		CHECKF(rc == 0, "stat %d: %s", i, it_errstr(&err));
+		/* and a small write (its END from the worker too) */
+		if (i % 5 == 0) {
+			rc = sbx_write_file_buf(c, NULL, f, 0, SBX_MODE_KEEP, &i, sizeof(i), NULL, &err);
+			CHECKF(rc == 0, "write %d: %s", i, it_errstr(&err));
+		}
 	}
 	sbx_client_close(c);
 	it_daemon_stop(d);
@@ -257,10 +402,8 @@ static int case_vanish(void)
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
-		{"partial", case_partial},
-		{"cancel", case_cancel},
-		{"limit", case_limit},
-		{"vanish", case_vanish},
+		{"partial", case_partial}, {"cancel", case_cancel}, {"writes", case_writes},
+		{"limit", case_limit},     {"vanish", case_vanish},
 	};
 	return it_main(argc, argv, cases, ARRAY_LEN(cases));
 }

@@ -53,6 +53,17 @@ void raw_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *
 	       strerror(errno));
 }
 
+void raw_send_bytes(int fd, const void *buf, size_t len)
+{
+	for (size_t off = 0; off < len;) {
+		ssize_t w = send(fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		CHECKF(w > 0, "send: %s", strerror(errno));
+		off += (size_t)w;
+	}
+}
+
 /* Read exactly len bytes; returns the count read before EOF. */
 static size_t read_full(int fd, uint8_t *buf, size_t len, uint64_t deadline)
 {

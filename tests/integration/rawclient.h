@@ -12,6 +12,8 @@
 int raw_connect_unix(const char *path);
 /* Send one whole frame or fail the test. */
 void raw_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len);
+/* Send len bytes as they are (frames made by the caller, several at once) or fail. */
+void raw_send_bytes(int fd, const void *buf, size_t len);
 /* The same, false if the shim has closed the connection already (EPIPE, ECONNRESET):
  * what it sent before closing can still be read. */
 bool raw_try_send(int fd, uint32_t stream, uint8_t type, uint8_t flags, const void *payload, size_t len);
