@@ -217,7 +217,9 @@ static void main_run(struct op_job *job)
 	if (op->wire == NULL || worker_cancelled(&job->work))
 		return;
 	/* the reply from here, without the loop's wake-up on its way, when the socket
-	 * is free for it (else main_done sends it as always) */
+	 * is free for it (else main_done sends it as always); the client's next call may
+	 * come before this thread is idle again */
+	worker_job_ending();
 	if (job->rc == 0) {
 		conn_wire_send(op->wire, &op->wire_claim, op->wire_id, FRAME_END, op->reply.buf, op->reply.len);
 	} else {
@@ -261,6 +263,7 @@ bool op_wire_end(struct op *op, struct op_job *job, const Shim__V1__Result *res)
 	if (n > sizeof(small))
 		return false; /* (the loop's path packs it) */
 	shim__v1__result__pack(res, small);
+	worker_job_ending();
 	return conn_wire_send(op->wire, &op->wire_claim, op->wire_id, FRAME_END, small, n);
 }
 

@@ -38,6 +38,8 @@ struct wthread {
 	struct wthread *next;
 	pthread_t self;
 	bool busy;            /* running a job */
+	bool ending;          /* its job said it is about to return (worker_job_ending), and it has
+			       * not yet gone back for the next one */
 	unsigned long jobs;   /* jobs taken */
 	unsigned long mark;   /* jobs when the spell began (ULONG_MAX: not busy then) */
 	uint64_t mark_cpu_ns; /* its CPU time then */
@@ -50,6 +52,7 @@ static struct {
 	struct work *done, **done_tail;
 	unsigned threads, idle, min_threads, max_threads, pending;
 	unsigned queued; /* jobs in the queue, not yet taken by a thread */
+	unsigned ending; /* threads that will take a queued job in a moment (wthread.ending) */
 	bool stopping;
 	bool probing;           /* a thread on probation is waiting to see (probe_cv) */
 	unsigned long finished; /* jobs run, ever: the sign of progress */
@@ -95,6 +98,9 @@ void worker_on_foreign_signal(void (*fn)(int sig))
 }
 
 static int spawn_thread(bool probation);
+
+/* The pool thread this is (NULL on any other thread). */
+static __thread struct wthread *cur_thread;
 
 /* A thread's CPU time: no fd needed (a /proc file would take one, maybe the last). */
 static uint64_t cpu_ns(pthread_t t)
@@ -173,6 +179,7 @@ static void run_one(struct work *w)
 static void *worker_main(void *arg)
 {
 	struct wthread self = {.self = pthread_self(), .mark = ULONG_MAX};
+	cur_thread = &self;
 	pthread_mutex_lock(&pool.mu);
 	if (arg != NULL && !probation()) {
 		pool.threads--;
@@ -232,6 +239,11 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&pool.mu);
 		ev_async_send(pool.loop, &pool.async);
 		pthread_mutex_lock(&pool.mu);
+		/* ending until now: from here it takes a job or is idle, under this lock */
+		if (self.ending) {
+			self.ending = false;
+			pool.ending--;
+		}
 	}
 	for (struct wthread **pp = &pool.wthreads; *pp != NULL; pp = &(*pp)->next) {
 		if (*pp == &self) {
@@ -352,13 +364,24 @@ void worker_submit(struct work *w)
 	 * them. A thread that was signalled but has not woken up yet still counts as idle,
 	 * so testing idle == 0 alone would queue a burst behind one thread (and behind a
 	 * stuck job). Without any thread, one at once. */
-	if (pool.queued > pool.idle && pool.threads < pool.max_threads && (pool.threads == 0 || !pool.probing) &&
-	    spawn_thread(pool.threads > 0) < 0)
+	if (pool.queued > pool.idle + pool.ending && pool.threads < pool.max_threads &&
+	    (pool.threads == 0 || !pool.probing) && spawn_thread(pool.threads > 0) < 0)
 		log_warn("worker: cannot start a thread: %s", strerror(errno));
 	pthread_mutex_unlock(&pool.mu);
 	/* after the unlock: a thread woken while we hold the lock would only sleep again
 	 * on it (a second wake-up per job) */
 	pthread_cond_signal(&pool.cv);
+}
+
+void worker_job_ending(void)
+{
+	struct wthread *t = cur_thread;
+	if (t == NULL || t->ending)
+		return; /* (a job on a thread of its own, or said already) */
+	pthread_mutex_lock(&pool.mu);
+	t->ending = true;
+	pool.ending++;
+	pthread_mutex_unlock(&pool.mu);
 }
 
 /* A job on a thread of its own (worker_run_own): the pool's rules for signals and

@@ -42,6 +42,12 @@ unsigned worker_own_threads(void);
  * blocking syscall returns EINTR (a FIFO open, a read on a pipe; not every wait in
  * the kernel can be interrupted). Loop thread only. */
 void worker_interrupt(struct work *w);
+/* From a pool job's run(): it has nothing left but to return (its reply is on its way
+ * from this thread). A job submitted from now on is left for this thread, which takes
+ * it in a moment, rather than starting another one: the client's next call, sent as
+ * soon as that reply is in, would otherwise find the only thread still busy and start
+ * one (on probation, gone again 30 ms later) nearly every time. */
+void worker_job_ending(void);
 /* True once worker_interrupt() was called: run() may poll it between steps. */
 bool worker_cancelled(const struct work *w);
 

@@ -290,6 +290,46 @@ START_TEST(test_burst_no_growth)
 }
 END_TEST
 
+/* A job that says it is ending, then holds its thread until the test lets it go. */
+static void ending_run(struct work *w)
+{
+	worker_job_ending();
+	job_run(w);
+}
+
+START_TEST(test_job_ending_no_growth)
+{
+	/* a job submitted while the only thread's job is ending (its reply sent, the
+	 * client's next call already in) waits for that thread: no thread is started
+	 * for it, and it runs on the same thread once the first returns */
+	static struct job first, next, later;
+	ck_assert_int_eq(worker_init(L, 1, 8), 0);
+	job_init(&first, true);
+	first.work.run = ending_run;
+	worker_submit(&first.work);
+	wait_blocked(1);
+	job_init(&next, false);
+	worker_submit(&next.work);
+	ck_assert_uint_eq(worker_threads(), 1);
+	release_blocked();
+	pump_until_dones(2, WAIT_MS);
+	ck_assert_int_eq(dones, 2);
+	ck_assert(pthread_equal(next.run_thread, first.run_thread));
+	/* the thread is counted as ending no longer: a job that blocks without saying
+	 * so still gets another thread for the one behind it */
+	released = false;
+	job_init(&first, true);
+	worker_submit(&first.work);
+	wait_blocked(1);
+	job_init(&later, false);
+	worker_submit(&later.work);
+	ck_assert_uint_eq(worker_threads(), 2);
+	pump_until_dones(3, WAIT_MS);
+	ck_assert_int_eq(dones, 3);
+	ck_assert(!pthread_equal(later.run_thread, first.run_thread));
+}
+END_TEST
+
 START_TEST(test_max_threads_bound)
 {
 	/* at max_threads, with every thread stuck, a new job waits (no unbounded growth) */
@@ -382,6 +422,7 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_blocked_job_burst);
 	tcase_add_test(tc, test_max_threads_bound);
 	tcase_add_test(tc, test_burst_no_growth);
+	tcase_add_test(tc, test_job_ending_no_growth);
 	suite_add_tcase(s, tc);
 	TCase *idle = tcase_create("idle");
 	tcase_add_checked_fixture(idle, setup, teardown);
