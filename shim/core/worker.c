@@ -2,13 +2,17 @@
 #include "worker.h"
 #include "fsctx.h"
 #include "log.h"
+#include "util.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <ev.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +36,12 @@
  * tenth of the spell. A thread that is runnable gets more even on a loaded machine (at
  * a load of 7 on 2 CPUs, a quarter of the spell); the spell is long enough for that. */
 #define SLEEP_CPU_NS (PROBATION_MS * 100000L)
+/* After a job whose reply went from its thread (worker_job_ending: a stat, a small
+ * write), the thread looks for the next job this long before it sleeps: a client
+ * calling in a row sends it about one round trip later, and a sleeping thread's
+ * wake-up on another CPU is most of a small call's cost (a halted vCPU). Not after
+ * other jobs: spinning beside a command being started takes a CPU from it. */
+#define SPIN_NS 40000u
 
 /* A pool thread (on its own stack), linked in pool.wthreads while it lives. */
 struct wthread {
@@ -40,6 +50,7 @@ struct wthread {
 	bool busy;            /* running a job */
 	bool ending;          /* its job said it is about to return (worker_job_ending), and it has
 			       * not yet gone back for the next one */
+	bool spin;            /* then: look for the next job for SPIN_NS before sleeping */
 	unsigned long jobs;   /* jobs taken */
 	unsigned long mark;   /* jobs when the spell began (ULONG_MAX: not busy then) */
 	uint64_t mark_cpu_ns; /* its CPU time then */
@@ -98,6 +109,104 @@ void worker_on_foreign_signal(void (*fn)(int sig))
 }
 
 static int spawn_thread(bool probation);
+
+/* A spinning thread's pause: less power, and the other hyperthread gets the core. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+/* quota / period from a cgroup file's first line ("max" or "-1": none): 0 if none,
+ * -1 if there is no such file. */
+static double quota_of(const char *path, bool v2, const char *period_path)
+{
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return -1;
+	char q[32] = "";
+	long period = 0;
+	int n = v2 ? fscanf(f, "%31s %ld", q, &period) : fscanf(f, "%31s", q);
+	fclose(f);
+	if (n < 1 || strcmp(q, "max") == 0 || q[0] == '-')
+		return 0;
+	long quota = strtol(q, NULL, 10);
+	if (!v2) {
+		f = fopen(period_path, "re");
+		if (f == NULL)
+			return 0;
+		n = fscanf(f, "%ld", &period);
+		fclose(f);
+		if (n != 1)
+			return 0;
+	}
+	return quota > 0 && period > 0 ? (double)quota / (double)period : 0;
+}
+
+double worker_cgroup_cpus(const char *cgroup_file, const char *cg_root)
+{
+	FILE *f = fopen(cgroup_file, "re");
+	if (f == NULL)
+		return 0;
+	char line[1024], path[PATH_MAX], period[PATH_MAX];
+	double cpus = 0;
+	while (cpus <= 0 && fgets(line, sizeof(line), f) != NULL) {
+		line[strcspn(line, "\n")] = '\0';
+		/* "ID:CONTROLLERS:PATH"; v2's is "0::PATH" */
+		char *c1 = strchr(line, ':');
+		char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
+		if (c2 == NULL)
+			continue;
+		*c2 = '\0';
+		const char *ctl = c1 + 1, *cg = c2 + 1;
+		if (strcmp(cg, "/") == 0)
+			cg = "";
+		/* a container without its own cgroup namespace sees the host's path for a
+		 * cgroup that is mounted as the root of its own tree: the root's, then */
+		if (ctl[0] == '\0') {
+			snprintf(path, sizeof(path), "%s%s/cpu.max", cg_root, cg);
+			cpus = quota_of(path, true, NULL);
+			if (cpus < 0) {
+				snprintf(path, sizeof(path), "%s/cpu.max", cg_root);
+				cpus = quota_of(path, true, NULL);
+			}
+			continue;
+		}
+		/* v1: the hierarchy with the cpu controller ("cpu" or "cpu,cpuacct") */
+		bool has_cpu = false;
+		for (const char *t = ctl; *t != '\0';) {
+			size_t k = strcspn(t, ",");
+			has_cpu |= k == 3 && strncmp(t, "cpu", 3) == 0;
+			t += k + (t[k] == ',');
+		}
+		if (!has_cpu)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s%s/cpu.cfs_quota_us", cg_root, ctl, cg);
+		snprintf(period, sizeof(period), "%s/%s%s/cpu.cfs_period_us", cg_root, ctl, cg);
+		cpus = quota_of(path, false, period);
+		if (cpus < 0) {
+			snprintf(path, sizeof(path), "%s/%s/cpu.cfs_quota_us", cg_root, ctl);
+			snprintf(period, sizeof(period), "%s/%s/cpu.cfs_period_us", cg_root, ctl);
+			cpus = quota_of(path, false, period);
+		}
+	}
+	fclose(f);
+	return cpus > 0 ? cpus : 0;
+}
+
+/* Whether spinning for the next job may pay: not under a CPU quota of less than two
+ * CPUs (the spin would spend the quota the loop and the commands need). Read once. */
+static bool spin_allowed;
+static pthread_once_t spin_once = PTHREAD_ONCE_INIT;
+
+static void spin_check(void)
+{
+	double q = worker_cgroup_cpus("/proc/self/cgroup", "/sys/fs/cgroup");
+	spin_allowed = q == 0 || q >= 2;
+}
 
 /* The pool thread this is (NULL on any other thread). */
 static __thread struct wthread *cur_thread;
@@ -190,6 +299,18 @@ static void *worker_main(void *arg)
 	pool.wthreads = &self;
 	for (;;) {
 		bool expired = false;
+		if (self.spin && pool.queue == NULL && !pool.stopping) {
+			/* counted as idle: a job submitted now is for it (worker_submit) */
+			pool.idle++;
+			pthread_mutex_unlock(&pool.mu);
+			uint64_t end = mono_ns() + SPIN_NS;
+			while (__atomic_load_n(&pool.queue, __ATOMIC_RELAXED) == NULL &&
+			       !__atomic_load_n(&pool.stopping, __ATOMIC_RELAXED) && mono_ns() < end)
+				cpu_relax();
+			pthread_mutex_lock(&pool.mu);
+			pool.idle--;
+		}
+		self.spin = false;
 		while (pool.queue == NULL && !pool.stopping && !expired) {
 			pool.idle++;
 			if (pool.threads > pool.min_threads) {
@@ -378,8 +499,14 @@ void worker_job_ending(void)
 	struct wthread *t = cur_thread;
 	if (t == NULL || t->ending)
 		return; /* (a job on a thread of its own, or said already) */
+	/* only where another CPU runs the loop meanwhile: on one CPU the spin would
+	 * hold off the very threads that bring the next job */
+	pthread_once(&spin_once, spin_check);
+	cpu_set_t cpus;
+	bool spin = spin_allowed && sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 1;
 	pthread_mutex_lock(&pool.mu);
 	t->ending = true;
+	t->spin = spin;
 	pool.ending++;
 	pthread_mutex_unlock(&pool.mu);
 }

@@ -48,6 +48,11 @@ void worker_interrupt(struct work *w);
  * soon as that reply is in, would otherwise find the only thread still busy and start
  * one (on probation, gone again 30 ms later) nearly every time. */
 void worker_job_ending(void);
+/* The CPUs a cgroup quota gives this process (cgroup v2 cpu.max, or v1
+ * cpu.cfs_quota_us / cpu.cfs_period_us, of the cgroup named in cgroup_file, a
+ * /proc/self/cgroup, under cg_root, /sys/fs/cgroup): 0 without a quota or when it
+ * cannot be read. The pool spins for the next job only with 2 or more. For tests. */
+double worker_cgroup_cpus(const char *cgroup_file, const char *cg_root);
 /* True once worker_interrupt() was called: run() may poll it between steps. */
 bool worker_cancelled(const struct work *w);
 

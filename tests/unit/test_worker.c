@@ -6,7 +6,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "util.h"
@@ -410,6 +412,73 @@ START_TEST(test_idle_expiry)
 }
 END_TEST
 
+/* ---- the cgroup CPU quota (whether the pool may spin) ---- */
+
+static char cg_dir[256];
+
+static void put(const char *rel, const char *text)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", cg_dir, rel);
+	/* the directories on the way */
+	for (char *p = path + strlen(cg_dir) + 1; (p = strchr(p, '/')) != NULL; p++) {
+		*p = '\0';
+		mkdir(path, 0755);
+		*p = '/';
+	}
+	FILE *f = fopen(path, "we");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static double cpus_for(const char *proc_cgroup)
+{
+	put("self-cgroup", proc_cgroup);
+	char file[512], root[512];
+	snprintf(file, sizeof(file), "%s/self-cgroup", cg_dir);
+	snprintf(root, sizeof(root), "%s/fs", cg_dir);
+	return worker_cgroup_cpus(file, root);
+}
+
+START_TEST(test_cgroup_cpus)
+{
+	snprintf(cg_dir, sizeof(cg_dir), "%s/test_worker.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	ck_assert_ptr_nonnull(mkdtemp(cg_dir));
+	/* v2: cpu.max of the cgroup named */
+	put("fs/a/b/cpu.max", "50000 100000\n");
+	ck_assert(cpus_for("0::/a/b\n") == 0.5);
+	put("fs/a/b/cpu.max", "250000 100000\n");
+	ck_assert(cpus_for("0::/a/b\n") == 2.5);
+	put("fs/a/b/cpu.max", "max 100000\n");
+	ck_assert(cpus_for("0::/a/b\n") == 0);
+	/* v2 at the root (a container's own namespace: "0::/") */
+	put("fs/cpu.max", "100000 100000\n");
+	ck_assert(cpus_for("0::/\n") == 1);
+	/* a path that is not there (no cgroup namespace): the root's */
+	ck_assert(cpus_for("0::/docker/0123abcd\n") == 1);
+	/* v1: the hierarchy with the cpu controller, whatever else is listed */
+	put("fs/cpu,cpuacct/x/cpu.cfs_quota_us", "200000\n");
+	put("fs/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
+	ck_assert(cpus_for("4:memory:/m\n3:cpu,cpuacct:/x\n") == 2);
+	put("fs/cpu,cpuacct/x/cpu.cfs_quota_us", "-1\n");
+	ck_assert(cpus_for("3:cpu,cpuacct:/x\n") == 0);
+	/* "cpuset" is not "cpu" */
+	ck_assert(cpus_for("2:cpuset:/x\n") == 0);
+	/* bad input: no quota said, never a failure */
+	put("fs/a/b/cpu.max", "garbage\n");
+	ck_assert(cpus_for("0::/a/b\n") == 0);
+	put("fs/a/b/cpu.max", "");
+	ck_assert(cpus_for("0::/a/b\n") == 0);
+	ck_assert(cpus_for("no colons here\n") == 0);
+	ck_assert(cpus_for("") == 0);
+	ck_assert(worker_cgroup_cpus("/nonexistent/cgroup", "/nonexistent") == 0);
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cg_dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
 	Suite *s = suite_create("worker");
@@ -424,6 +493,9 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_burst_no_growth);
 	tcase_add_test(tc, test_job_ending_no_growth);
 	suite_add_tcase(s, tc);
+	TCase *cg = tcase_create("cgroup");
+	tcase_add_test(cg, test_cgroup_cpus);
+	suite_add_tcase(s, cg);
 	TCase *idle = tcase_create("idle");
 	tcase_add_checked_fixture(idle, setup, teardown);
 	tcase_set_timeout(idle, 30);
