@@ -198,14 +198,39 @@ double worker_cgroup_cpus(const char *cgroup_file, const char *cg_root)
 }
 
 /* Whether spinning for the next job may pay: not under a CPU quota of less than two
- * CPUs (the spin would spend the quota the loop and the commands need). Read once. */
-static bool spin_allowed;
+ * CPUs (the spin would spend the quota the loop and the commands need). Read once, by
+ * the first pool thread (files: never on the loop): 0 not known yet, 1 no, 2 yes. */
+static int spin_quota;
 static pthread_once_t spin_once = PTHREAD_ONCE_INIT;
 
 static void spin_check(void)
 {
 	double q = worker_cgroup_cpus("/proc/self/cgroup", "/sys/fs/cgroup");
-	spin_allowed = q == 0 || q >= 2;
+	__atomic_store_n(&spin_quota, q == 0 || q >= 2 ? 2 : 1, __ATOMIC_RELEASE);
+}
+
+/* Threads spinning now (the loop's and the pool's): at most one CPU fewer than there
+ * are, so that the client's side and the rest of the shim always find one. */
+static unsigned spinners;
+
+bool worker_spin_begin(void)
+{
+	if (__atomic_load_n(&spin_quota, __ATOMIC_ACQUIRE) != 2)
+		return false;
+	cpu_set_t cpus;
+	if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0)
+		return false;
+	unsigned max = (unsigned)CPU_COUNT(&cpus) - 1, n = __atomic_load_n(&spinners, __ATOMIC_RELAXED);
+	do {
+		if (n >= max)
+			return false;
+	} while (!__atomic_compare_exchange_n(&spinners, &n, n + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+	return true;
+}
+
+void worker_spin_end(void)
+{
+	__atomic_sub_fetch(&spinners, 1, __ATOMIC_ACQ_REL);
 }
 
 /* The pool thread this is (NULL on any other thread). */
@@ -289,6 +314,7 @@ static void *worker_main(void *arg)
 {
 	struct wthread self = {.self = pthread_self(), .mark = ULONG_MAX};
 	cur_thread = &self;
+	pthread_once(&spin_once, spin_check);
 	pthread_mutex_lock(&pool.mu);
 	if (arg != NULL && !probation()) {
 		pool.threads--;
@@ -307,8 +333,11 @@ static void *worker_main(void *arg)
 			while (__atomic_load_n(&pool.queue, __ATOMIC_RELAXED) == NULL &&
 			       !__atomic_load_n(&pool.stopping, __ATOMIC_RELAXED) && mono_ns() < end)
 				cpu_relax();
+			worker_spin_end();
 			pthread_mutex_lock(&pool.mu);
 			pool.idle--;
+		} else if (self.spin) {
+			worker_spin_end(); /* (a job was there already, or the pool stops) */
 		}
 		self.spin = false;
 		while (pool.queue == NULL && !pool.stopping && !expired) {
@@ -501,9 +530,7 @@ void worker_job_ending(void)
 		return; /* (a job on a thread of its own, or said already) */
 	/* only where another CPU runs the loop meanwhile: on one CPU the spin would
 	 * hold off the very threads that bring the next job */
-	pthread_once(&spin_once, spin_check);
-	cpu_set_t cpus;
-	bool spin = spin_allowed && sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 1;
+	bool spin = worker_spin_begin();
 	pthread_mutex_lock(&pool.mu);
 	t->ending = true;
 	t->spin = spin;

@@ -53,6 +53,12 @@ void worker_job_ending(void);
  * /proc/self/cgroup, under cg_root, /sys/fs/cgroup): 0 without a quota or when it
  * cannot be read. The pool spins for the next job only with 2 or more. For tests. */
 double worker_cgroup_cpus(const char *cgroup_file, const char *cg_root);
+/* May the calling thread spin a moment for the next piece of work? Only where it may
+ * run on two CPUs or more, no cgroup quota holds the process under two (false until a
+ * pool thread has looked), and fewer threads spin than there are CPUs less one. True:
+ * it is counted until worker_spin_end(). Any thread; no file is read. */
+bool worker_spin_begin(void);
+void worker_spin_end(void);
 /* True once worker_interrupt() was called: run() may poll it between steps. */
 bool worker_cancelled(const struct work *w);
 

@@ -2,6 +2,7 @@
 #include <check.h>
 #include <ev.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -412,6 +413,42 @@ START_TEST(test_idle_expiry)
 }
 END_TEST
 
+START_TEST(test_spinners_bounded)
+{
+	/* at most one spinner fewer than the CPUs this thread may use (none under a
+	 * quota below 2), and a place given back is there again */
+	static struct job j;
+	ck_assert_int_eq(worker_init(L, 1, 2), 0);
+	job_init(&j, false);
+	worker_submit(&j.work); /* (a pool thread reads the quota first) */
+	pump_until_dones(1, WAIT_MS);
+	ck_assert_int_eq(dones, 1);
+	cpu_set_t cpus;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+	double q = worker_cgroup_cpus("/proc/self/cgroup", "/sys/fs/cgroup");
+	int max = (q == 0 || q >= 2) ? CPU_COUNT(&cpus) - 1 : 0;
+	/* (its job did not say it was ending: that thread does not spin) */
+	int got = 0;
+	while (got < 64 && worker_spin_begin())
+		got++;
+	ck_assert_int_eq(got, max);
+	if (max > 0) {
+		worker_spin_end();
+		ck_assert(worker_spin_begin());
+		ck_assert(!worker_spin_begin());
+	}
+	for (int i = 0; i < got; i++)
+		worker_spin_end();
+	/* one CPU: never */
+	cpu_set_t one;
+	CPU_ZERO(&one);
+	CPU_SET(sched_getcpu(), &one);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+	ck_assert(!worker_spin_begin());
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(cpus), &cpus), 0);
+}
+END_TEST
+
 /* ---- the cgroup CPU quota (whether the pool may spin) ---- */
 
 static char cg_dir[256];
@@ -492,6 +529,7 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_max_threads_bound);
 	tcase_add_test(tc, test_burst_no_growth);
 	tcase_add_test(tc, test_job_ending_no_growth);
+	tcase_add_test(tc, test_spinners_bounded);
 	suite_add_tcase(s, tc);
 	TCase *cg = tcase_create("cgroup");
 	tcase_add_test(cg, test_cgroup_cpus);
