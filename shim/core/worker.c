@@ -330,7 +330,7 @@ static void *worker_main(void *arg)
 			pool.idle++;
 			pthread_mutex_unlock(&pool.mu);
 			uint64_t end = mono_ns() + SPIN_NS;
-			while (__atomic_load_n(&pool.queue, __ATOMIC_RELAXED) == NULL &&
+			while (__atomic_load_n(&pool.queued, __ATOMIC_RELAXED) == 0 &&
 			       !__atomic_load_n(&pool.stopping, __ATOMIC_RELAXED) && mono_ns() < end)
 				cpu_relax();
 			worker_spin_end();
@@ -360,7 +360,7 @@ static void *worker_main(void *arg)
 		pool.queue = w->next;
 		if (pool.queue == NULL)
 			pool.queue_tail = &pool.queue;
-		pool.queued--;
+		__atomic_sub_fetch(&pool.queued, 1, __ATOMIC_RELAXED); /* (a spinner reads it unlocked) */
 		bool skip = __atomic_load_n(&w->cancelled, __ATOMIC_ACQUIRE);
 		w->state = WORK_RUNNING;
 		w->thread = (unsigned long)pthread_self();
@@ -509,7 +509,7 @@ void worker_submit(struct work *w)
 	pthread_mutex_lock(&pool.mu);
 	*pool.queue_tail = w;
 	pool.queue_tail = &w->next;
-	pool.queued++;
+	__atomic_add_fetch(&pool.queued, 1, __ATOMIC_RELAXED); /* (a spinner reads it unlocked) */
 	/* Grow (on probation) while there are more queued jobs than idle threads to take
 	 * them. A thread that was signalled but has not woken up yet still counts as idle,
 	 * so testing idle == 0 alone would queue a burst behind one thread (and behind a
@@ -630,7 +630,7 @@ unsigned worker_pending(void)
 void worker_shutdown(void)
 {
 	pthread_mutex_lock(&pool.mu);
-	pool.stopping = true;
+	__atomic_store_n(&pool.stopping, true, __ATOMIC_RELAXED); /* (a spinner reads it unlocked) */
 	pthread_cond_broadcast(&pool.cv);
 	pthread_cond_broadcast(&pool.probe_cv);
 	pthread_mutex_unlock(&pool.mu);
