@@ -209,7 +209,7 @@ static void spin_check(void)
 	__atomic_store_n(&spin_quota, q == 0 || q >= 2 ? 2 : 1, __ATOMIC_RELEASE);
 }
 
-/* Threads spinning now (the loop's and the pool's): at most one CPU fewer than there
+/* Threads spinning now (worker_spin_begin): at most one CPU fewer than there
  * are, so that the client's side and the rest of the shim always find one. */
 static unsigned spinners;
 
