@@ -120,10 +120,13 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* quota / period from a cgroup file's first line ("max" or "-1": none): 0 if none,
- * -1 if there is no such file. */
-static double quota_of(const char *path, bool v2, const char *period_path)
+/* The quota of the cgroup directory dir as CPUs (v2: cpu.max "QUOTA PERIOD"; v1:
+ * cpu.cfs_quota_us and cpu.cfs_period_us; "max" or -1: none): 0 if none, -1 if the
+ * directory has no such file. */
+static double quota_in(const char *dir, bool v2)
 {
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", dir, v2 ? "cpu.max" : "cpu.cfs_quota_us");
 	FILE *f = fopen(path, "re");
 	if (f == NULL)
 		return -1;
@@ -135,7 +138,8 @@ static double quota_of(const char *path, bool v2, const char *period_path)
 		return 0;
 	long quota = strtol(q, NULL, 10);
 	if (!v2) {
-		f = fopen(period_path, "re");
+		snprintf(path, sizeof(path), "%s/cpu.cfs_period_us", dir);
+		f = fopen(path, "re");
 		if (f == NULL)
 			return 0;
 		n = fscanf(f, "%ld", &period);
@@ -151,7 +155,7 @@ double worker_cgroup_cpus(const char *cgroup_file, const char *cg_root)
 	FILE *f = fopen(cgroup_file, "re");
 	if (f == NULL)
 		return 0;
-	char line[1024], path[PATH_MAX], period[PATH_MAX];
+	char line[1024], dir[PATH_MAX], top[PATH_MAX];
 	double cpus = 0;
 	while (cpus <= 0 && fgets(line, sizeof(line), f) != NULL) {
 		line[strcspn(line, "\n")] = '\0';
@@ -164,34 +168,25 @@ double worker_cgroup_cpus(const char *cgroup_file, const char *cg_root)
 		const char *ctl = c1 + 1, *cg = c2 + 1;
 		if (strcmp(cg, "/") == 0)
 			cg = "";
+		bool v2 = ctl[0] == '\0';
+		if (!v2) {
+			/* v1: the hierarchy with the cpu controller ("cpu" or "cpu,cpuacct") */
+			bool has_cpu = false;
+			for (const char *t = ctl; *t != '\0';) {
+				size_t k = strcspn(t, ",");
+				has_cpu |= k == 3 && strncmp(t, "cpu", 3) == 0;
+				t += k + (t[k] == ',');
+			}
+			if (!has_cpu)
+				continue;
+		}
+		snprintf(top, sizeof(top), "%s%s%s", cg_root, v2 ? "" : "/", v2 ? "" : ctl);
+		snprintf(dir, sizeof(dir), "%s%s", top, cg);
+		cpus = quota_in(dir, v2);
 		/* a container without its own cgroup namespace sees the host's path for a
 		 * cgroup that is mounted as the root of its own tree: the root's, then */
-		if (ctl[0] == '\0') {
-			snprintf(path, sizeof(path), "%s%s/cpu.max", cg_root, cg);
-			cpus = quota_of(path, true, NULL);
-			if (cpus < 0) {
-				snprintf(path, sizeof(path), "%s/cpu.max", cg_root);
-				cpus = quota_of(path, true, NULL);
-			}
-			continue;
-		}
-		/* v1: the hierarchy with the cpu controller ("cpu" or "cpu,cpuacct") */
-		bool has_cpu = false;
-		for (const char *t = ctl; *t != '\0';) {
-			size_t k = strcspn(t, ",");
-			has_cpu |= k == 3 && strncmp(t, "cpu", 3) == 0;
-			t += k + (t[k] == ',');
-		}
-		if (!has_cpu)
-			continue;
-		snprintf(path, sizeof(path), "%s/%s%s/cpu.cfs_quota_us", cg_root, ctl, cg);
-		snprintf(period, sizeof(period), "%s/%s%s/cpu.cfs_period_us", cg_root, ctl, cg);
-		cpus = quota_of(path, false, period);
-		if (cpus < 0) {
-			snprintf(path, sizeof(path), "%s/%s/cpu.cfs_quota_us", cg_root, ctl);
-			snprintf(period, sizeof(period), "%s/%s/cpu.cfs_period_us", cg_root, ctl);
-			cpus = quota_of(path, false, period);
-		}
+		if (cpus < 0)
+			cpus = quota_in(top, v2);
 	}
 	fclose(f);
 	return cpus > 0 ? cpus : 0;

@@ -253,9 +253,10 @@ static int case_cancel(void)
 
 /* Small writes whose REQUEST, DATA and FIN come in one read (one job each, the END from
  * the worker), 100 at once, 12 rounds, every other one with a CANCEL for each, right
- * after its FIN or once the first END is in: each stream ends exactly once, with END (bytes and size as sent, the file's
- * bytes exact) or ERROR ECANCELED (the file then absent, or whole: the commit came
- * first), nothing after; no temp file is left, no journal entry pending. */
+ * after its FIN or once the first reply is in: each stream ends exactly once, with END
+ * (bytes and size as sent, the file's bytes exact) or ERROR ECANCELED (the file then
+ * absent, or whole: the commit came first), nothing after; no temp file is left, no
+ * journal entry pending. */
 static int case_writes(void)
 {
 	const char *sock = it_path("shim.sock");
@@ -274,8 +275,8 @@ static int case_writes(void)
 		it_fill(body, sizeof(body), (unsigned)r);
 		size_t blen = sizeof(body) - (size_t)r;
 		bool cancel = r % 2 == 1;
-		/* the CANCELs with the writes (before their jobs start: all ECANCELED) or
-		 * right after them, in a send of their own (racing the jobs and their ENDs) */
+		/* the CANCELs with the writes (before their jobs start: all ECANCELED), or
+		 * sent once the first reply is in (below: racing the jobs and their ENDs) */
 		send_writes(fd, id, N, dir, body, blen, cancel && r % 4 == 1);
 		static int seen[N];
 		memset(seen, 0, sizeof(seen));
