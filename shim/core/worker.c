@@ -48,8 +48,8 @@ struct wthread {
 	struct wthread *next;
 	pthread_t self;
 	bool busy;            /* running a job */
-	bool ending;          /* its job said it is about to return (worker_job_ending), and it has
-			       * not yet gone back for the next one */
+	bool ending;          /* its job said it is about to return (worker_job_ending), or has
+			       * returned, and it has not yet gone back for the next one */
 	bool spin;            /* then: look for the next job for SPIN_NS before sleeping */
 	unsigned long jobs;   /* jobs taken */
 	unsigned long mark;   /* jobs when the spell began (ULONG_MAX: not busy then) */
@@ -67,6 +67,7 @@ static struct {
 	bool stopping;
 	bool probing;           /* a thread on probation is waiting to see (probe_cv) */
 	unsigned long finished; /* jobs run, ever: the sign of progress */
+	unsigned long started;  /* threads started, ever */
 	pthread_cond_t probe_cv;
 	struct wthread *wthreads;
 	struct ev_loop *loop;
@@ -379,6 +380,13 @@ static void *worker_main(void *arg)
 		w->next = NULL;
 		*pool.done_tail = w;
 		pool.done_tail = &w->next;
+		/* From here this thread takes the next job: one that done() submits (a
+		 * stream's next step) must not start a thread on probation because this one
+		 * is not back among the idle yet (it did, some ten times per GiB uploaded). */
+		if (!self.ending) {
+			self.ending = true;
+			pool.ending++;
+		}
 		/* after the unlock: the loop's done_cb takes the lock, and woken while we
 		 * hold it, would only sleep again on it */
 		pthread_mutex_unlock(&pool.mu);
@@ -422,6 +430,7 @@ static int spawn_thread(bool probation)
 		return -1;
 	}
 	pool.threads++;
+	pool.started++;
 	if (probation)
 		pool.probing = true;
 	return 0;
@@ -613,6 +622,14 @@ unsigned worker_threads(void)
 {
 	pthread_mutex_lock(&pool.mu);
 	unsigned n = pool.threads;
+	pthread_mutex_unlock(&pool.mu);
+	return n;
+}
+
+unsigned long worker_started(void)
+{
+	pthread_mutex_lock(&pool.mu);
+	unsigned long n = pool.started;
 	pthread_mutex_unlock(&pool.mu);
 	return n;
 }

@@ -68,8 +68,9 @@ bool worker_cancelled(const struct work *w);
  * (the default) drops such signals. */
 void worker_on_foreign_signal(void (*fn)(int sig));
 
-/* Threads running now, and jobs not finished (queued or running). */
+/* Threads running now, threads started ever, and jobs not finished (queued or running). */
 unsigned worker_threads(void);
+unsigned long worker_started(void);
 unsigned worker_pending(void);
 /* Stop idle threads; threads stuck in a call are left to die with the process. */
 void worker_shutdown(void);

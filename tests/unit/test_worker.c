@@ -333,6 +333,47 @@ START_TEST(test_job_ending_no_growth)
 }
 END_TEST
 
+/* A stream's jobs: each one's done() submits the next (a big write's or read's
+ * pattern), on a loop that is busy, so done() runs the moment the job's thread has
+ * signalled it, before that thread is back among the idle ones. */
+#define CHAIN 3000
+static struct job chain_job;
+static int chain_left;
+
+static void chain_done(struct work *w)
+{
+	job_done(w);
+	if (--chain_left > 0) {
+		chain_job.work.run = job_run;
+		worker_submit(&chain_job.work);
+	}
+}
+
+START_TEST(test_chain_no_growth)
+{
+	/* the thread that ran a job takes the next one its done() submits: no thread
+	 * on probation is started for it (one was, now and then, clone3 and a 30 ms
+	 * spell each time, some ten per GiB of upload) */
+	static struct job first;
+	ck_assert_int_eq(worker_init(L, 1, 8), 0);
+	job_init(&first, false);
+	worker_submit(&first.work); /* (the pool's first thread starts with it) */
+	pump_until_dones(1, WAIT_MS);
+	ck_assert_int_eq(dones, 1);
+	job_init(&chain_job, false);
+	chain_job.work.done = chain_done;
+	chain_left = CHAIN;
+	unsigned long started = worker_started();
+	worker_submit(&chain_job.work);
+	uint64_t deadline = now_ms() + 20 * WAIT_MS;
+	while (dones < 1 + CHAIN && now_ms() < deadline)
+		ev_run(L, EVRUN_NOWAIT); /* busy: done() at once */
+	ck_assert_int_eq(dones, 1 + CHAIN);
+	ck_assert_uint_eq(worker_started() - started, 0);
+	ck_assert_uint_eq(worker_threads(), 1);
+}
+END_TEST
+
 START_TEST(test_max_threads_bound)
 {
 	/* at max_threads, with every thread stuck, a new job waits (no unbounded growth) */
@@ -529,6 +570,7 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_max_threads_bound);
 	tcase_add_test(tc, test_burst_no_growth);
 	tcase_add_test(tc, test_job_ending_no_growth);
+	tcase_add_test(tc, test_chain_no_growth);
 	tcase_add_test(tc, test_spinners_bounded);
 	suite_add_tcase(s, tc);
 	TCase *cg = tcase_create("cgroup");
