@@ -2156,6 +2156,105 @@ static int case_fsync_dir(void)
 	return 0;
 }
 
+/* ---- a big upload's ring ---- */
+
+#define UP_WINDOW (256u << 10) /* the initial window */
+#define UP_RING (2u << 20)     /* op_fs_io.c's WR_RING */
+
+/* Read frames until the credit granted on stream a (WINDOW frames) reaches want_a and
+ * that on b reaches want_b (b 0: no stream), adding to got[]; any other frame of those
+ * streams fails the check. */
+static void credit_until(int fd, uint32_t a, uint64_t want_a, uint32_t b, uint64_t want_b, uint64_t got[2])
+{
+	while (got[0] < want_a || (b != 0 && got[1] < want_b)) {
+		struct frame_hdr h;
+		uint8_t *p = NULL;
+		CHECK(raw_recv(fd, &h, &p, 10000) == 1);
+		if (h.type == FRAME_WINDOW && h.len == 4 && (h.stream == a || h.stream == b))
+			got[h.stream == a ? 0 : 1] += frame_get_u32(p);
+		else
+			CHECKF(h.stream != a && h.stream != b, "frame type %u on stream %u while waiting for credit",
+			       h.type, h.stream);
+		free(p);
+	}
+}
+
+/* n bytes of DATA on stream, the last frame with FIN if fin, from pat at off. */
+static void send_upload(int fd, uint32_t stream, const uint8_t *pat, size_t off, size_t n, bool fin)
+{
+	for (size_t done = 0; done < n;) {
+		size_t k = n - done < (64u << 10) ? n - done : (64u << 10);
+		raw_send(fd, stream, FRAME_DATA, fin && done + k == n ? FRAME_FLAG_FIN : 0, pat + off + done, k);
+		done += k;
+	}
+}
+
+/* A write that goes on past its first job gets a ring of 2 MiB and the difference as
+ * credit (its client may then send 2 MiB at once, and must be able to); with the
+ * daemon's memory budget short, a second one keeps the initial window and still writes
+ * every byte; once both are done the budget is back (a third one grows again). */
+static int case_upload_ring(void)
+{
+	struct it_daemon *d = it_daemon_start("ring", "--listen", it_unix_target(it_path("ring.sock")), "--state-dir",
+					      it_path("ring.state"), "--max-buffer", "4194304", NULL);
+	(void)d;
+	size_t total = UP_WINDOW + UP_RING;
+	uint8_t *pat = malloc(total);
+	CHECK(pat != NULL);
+	for (size_t i = 0; i < total; i++)
+		pat[i] = (uint8_t)(i * 131 + (i >> 12));
+	char a[PATH_MAX], b[PATH_MAX], e[PATH_MAX];
+	snprintf(a, sizeof(a), "%s/up-a", it_dir());
+	snprintf(b, sizeof(b), "%s/up-b", it_dir());
+	snprintf(e, sizeof(e), "%s/up-c", it_dir());
+	int fd = raw_connect_unix(it_path("ring.sock"));
+	raw_hello(fd, NULL);
+	static uint8_t buf[4096];
+
+	/* a: the initial window's worth, no FIN: its credit comes back with the ring's */
+	send_all(fd, buf, put_write_request(buf, 0, 1, a));
+	send_upload(fd, 1, pat, 0, UP_WINDOW, false);
+	uint64_t got[2] = {0, 0};
+	credit_until(fd, 1, UP_RING, 0, 0, got);
+	CHECK_EQ(got[0], UP_RING);
+	/* b, while a holds its ring: 4 MiB of budget has no room for another */
+	send_all(fd, buf, put_write_request(buf, 0, 3, b));
+	send_upload(fd, 3, pat, 0, UP_WINDOW, false);
+	got[0] = got[1] = 0;
+	credit_until(fd, 3, UP_WINDOW, 0, 0, got);
+	CHECK_EQ(got[0], UP_WINDOW);
+	/* a sends all the credit it has at once; b its window again */
+	send_upload(fd, 1, pat, UP_WINDOW, UP_RING, true);
+	send_upload(fd, 3, pat, UP_WINDOW, UP_WINDOW, true);
+	int ends = 0;
+	while (ends < 2) {
+		struct frame_hdr h;
+		uint8_t *p = NULL;
+		CHECK(raw_recv(fd, &h, &p, 10000) == 1);
+		if (h.stream == 1 || h.stream == 3) {
+			CHECKF(h.type == FRAME_WINDOW || h.type == FRAME_END, "frame type %u on stream %u", h.type,
+			       h.stream);
+			ends += h.type == FRAME_END;
+		}
+		free(p);
+	}
+	check_local(a, pat, total);
+	check_local(b, pat, 2 * UP_WINDOW);
+	/* the budget is back: the next big one grows */
+	send_all(fd, buf, put_write_request(buf, 0, 5, e));
+	send_upload(fd, 5, pat, 0, UP_WINDOW, false);
+	got[0] = got[1] = 0;
+	credit_until(fd, 5, UP_RING, 0, 0, got);
+	CHECK_EQ(got[0], UP_RING);
+	send_upload(fd, 5, pat, UP_WINDOW, UP_RING, true);
+	CHECK_EQ(next_frame_type(fd, 5, NULL, NULL), FRAME_END);
+	check_local(e, pat, total);
+	close(fd);
+	CHECK_EQ(it_journal_pending(it_path("ring.state/pending-writes")), 0);
+	free(pat);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct it_case cases[] = {
@@ -2186,6 +2285,7 @@ int main(int argc, char **argv)
 		{"confined", case_confined},
 		{"fsync_temp", case_fsync_temp},
 		{"fsync_dir", case_fsync_dir},
+		{"upload_ring", case_upload_ring},
 	};
 	return it_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
