@@ -252,6 +252,24 @@ static int exec_data(struct op *op, const uint8_t *buf, size_t len, bool fin, st
 	return proc_stdin_data(p, buf, len, fin, err);
 }
 
+/* Big stdin DATA goes from the socket straight into the command's stdin pipe
+ * (conn.c's splice), when nothing of it waits in proc.c's buffer. */
+static int exec_data_pipe(struct op *op, size_t n)
+{
+	struct exec *ex = op->data;
+	if (ex->p == NULL || ex->p->detached || !ex->p->has_stdin)
+		return -1;
+	return proc_stdin_pipe(ex->p, op, n);
+}
+
+static int exec_data_piped(struct op *op, size_t n, bool fin, struct shim_err *err)
+{
+	(void)err;
+	struct exec *ex = op->data;
+	proc_stdin_piped(ex->p, n, fin);
+	return 0;
+}
+
 static void exec_writable(struct op *op)
 {
 	struct exec *ex = op->data;
@@ -376,6 +394,8 @@ const struct op_kind op_exec_kind = {
 	.job = exec_prepare,
 	.job_done = exec_fork,
 	.data = exec_data,
+	.data_pipe = exec_data_pipe,
+	.data_piped = exec_data_piped,
 	.writable = exec_writable,
 	.cancel = exec_cancel,
 	.release = exec_release,

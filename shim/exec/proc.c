@@ -1125,6 +1125,38 @@ int proc_stdin_data(struct proc *p, const uint8_t *buf, size_t len, bool fin, st
 	return 0;
 }
 
+/* The stdin pipe's capacity for splices: its bytes, the client's window (256 KiB) twice
+ * over, since a splice from a socket may fill a pipe's slot with less than a page. */
+#define STDIN_PIPE_SIZE (512u << 10)
+
+int proc_stdin_pipe(struct proc *p, void *owner, size_t n)
+{
+	if (p->in_owner != owner || owner == NULL || p->pty || p->in_fd < 0 || !p->io_started || p->done ||
+	    p->in_len > 0 || p->in_fin)
+		return -1;
+	if (p->in_pipe_size == 0) {
+		/* raised at the first big write only: most commands' stdin never needs it */
+		int sz = fcntl(p->in_fd, F_SETPIPE_SZ, (int)STDIN_PIPE_SIZE);
+		if (sz < 0)
+			sz = fcntl(p->in_fd, F_GETPIPE_SZ);
+		p->in_pipe_size = sz > 0 ? (size_t)sz : 1;
+	}
+	int queued = 0;
+	if (ioctl(p->in_fd, FIONREAD, &queued) < 0 || queued < 0)
+		return -1;
+	return (size_t)queued + n <= p->in_pipe_size ? p->in_fd : -1;
+}
+
+void proc_stdin_piped(struct proc *p, size_t n, bool fin)
+{
+	/* in the pipe: taken, the writer's credit goes back as for a write() */
+	if (n > 0 && p->in_owner != NULL)
+		p->in_ops->taken(p, p->in_owner, n);
+	if (fin)
+		p->in_fin = true;
+	stdin_flush(p);
+}
+
 void proc_stdin_release(struct proc *p, void *owner)
 {
 	if (owner == NULL || p->in_owner != owner)

@@ -118,10 +118,11 @@ struct proc {
 	ev_io in_io;
 	uint8_t *in_buf;
 	size_t in_len, in_cap;
-	bool in_fin;        /* close (pty: send VEOF) once buf is written */
-	bool has_stdin;     /* the command was given a stdin pipe or a pty */
-	unsigned char veof; /* pty: the end-of-file character */
-	void *in_owner;     /* the writer, NULL if none */
+	bool in_fin;         /* close (pty: send VEOF) once buf is written */
+	size_t in_pipe_size; /* the stdin pipe's capacity, once raised for splices (0 before) */
+	bool has_stdin;      /* the command was given a stdin pipe or a pty */
+	unsigned char veof;  /* pty: the end-of-file character */
+	void *in_owner;      /* the writer, NULL if none */
 	const struct proc_owner_ops *in_ops;
 
 	ev_timer timeout, grace, linger;
@@ -179,6 +180,13 @@ void proc_owner_writable(struct proc *p);
 void proc_stdin_take(struct proc *p, const struct proc_owner_ops *ops, void *owner);
 /* Stdin bytes from the writer (the caller checks that it is p->in_owner). -1 with err. */
 int proc_stdin_data(struct proc *p, const uint8_t *buf, size_t len, bool fin, struct shim_err *err);
+/* The stdin pipe's write end, for the connection to splice n more of the writer's bytes
+ * into (stream_ops.data_pipe): only when nothing of the writer's waits in the buffer,
+ * the command's stdin is a pipe (not a pty) and still open, and n more bytes fit in it
+ * now. Else -1, and they come through proc_stdin_data(). */
+int proc_stdin_pipe(struct proc *p, void *owner, size_t n);
+/* n bytes went into that pipe (fin: the writer's last): as proc_stdin_data's. */
+void proc_stdin_piped(struct proc *p, size_t n, bool fin);
 /* owner stops being the stdin writer; bytes of it not yet written are dropped. */
 void proc_stdin_release(struct proc *p, void *owner);
 /* An attachment: add (told of changes from now on), or take away. */

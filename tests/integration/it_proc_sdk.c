@@ -449,6 +449,60 @@ static int case_stdin_stream(void)
 	return 0;
 }
 
+/* Big stdin frames go from the socket straight into the command's stdin pipe (a
+ * splice), small ones through the shim's buffer, behind what is in the pipe: the
+ * bytes in order whatever the mix, when the command reads late (the pipe fills and the
+ * buffer takes over, then the pipe again), and when it stops reading midway (it exits:
+ * the rest is dropped, the writer is not stuck, the stream ends with its exit). */
+static int case_stdin_splice(void)
+{
+	struct sbx_client *c = start("d", NULL, 0);
+	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+	struct sbx_error err;
+	struct sbx_proc *p;
+	struct sbx_exit ex = SBX_EXIT_INIT;
+	struct drained d;
+	size_t len = 12 * MiB;
+	uint8_t *data = malloc(len);
+	CHECK(data != NULL);
+	it_fill(data, len, 11);
+
+	/* a reader that starts late: the first MiBs meet a full pipe */
+	eo.shell = "read -r _ < /dev/null; sleep 0.3; exec cat";
+	CHECK_SBX(sbx_exec_start(c, &no_timeout, &eo, SBX_PROC_STDIN, &p, &err), &err);
+	struct feeder f = {p, data, len, 0, {0}};
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, feed_main, &f) == 0);
+	drain(p, &d, len);
+	pthread_join(t, NULL);
+	CHECKF(f.rc == 0, "feeding stdin: %s", it_errstr(&f.err));
+	CHECK_EQ(d.out_len, len);
+	CHECK(memcmp(d.out, data, len) == 0);
+	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
+	CHECK_EQ(ex.exit_code, 0);
+	drained_free(&d);
+	sbx_proc_free(p);
+
+	/* a reader that takes 100000 bytes of 12 MiB and exits */
+	eo.shell = "head -c 100000";
+	CHECK_SBX(sbx_exec_start(c, &no_timeout, &eo, SBX_PROC_STDIN, &p, &err), &err);
+	struct feeder g = {p, data, len, 0, {0}};
+	CHECK(pthread_create(&t, NULL, feed_main, &g) == 0);
+	drain(p, &d, len);
+	pthread_join(t, NULL);
+	/* the writes after its exit fail with EPIPE, or were dropped before it was seen */
+	CHECKF(g.rc == 0 || g.err.code == EPIPE, "feeding stdin: %s", it_errstr(&g.err));
+	CHECK_EQ(d.out_len, 100000);
+	CHECK(memcmp(d.out, data, 100000) == 0);
+	CHECK_SBX(sbx_proc_wait(p, &ex, &err), &err);
+	CHECK_EQ(ex.exit_code, 0);
+	drained_free(&d);
+	sbx_proc_free(p);
+	free(data);
+	sbx_client_close(c);
+	return 0;
+}
+
 struct firer {
 	struct sbx_cancel *tok;
 	unsigned after_ms;
@@ -902,6 +956,7 @@ int main(int argc, char **argv)
 		{"stream_channels", case_stream_channels},
 		{"backpressure", case_backpressure},
 		{"stdin_stream", case_stdin_stream},
+		{"stdin_splice", case_stdin_splice},
 		{"cancel_run", case_cancel_run},
 		{"threads", case_threads},
 		{"eval", case_eval},
