@@ -1,6 +1,7 @@
 /* bench_exec.c: commands through libsbx and the daemon over a unix socket: exec of /bin/true round
  * trip against a bare posix_spawn+waitpid in the same run, 10 MiB of stdout throughput against a
- * bare pipe read of the same command, and 200 concurrent `sleep 1` with the daemon's RSS. */
+ * bare pipe read of the same command, 256 MiB of stdin against a bare pipe into the same command, and 200
+ * concurrent `sleep 1` with the daemon's RSS. */
 #include "bench_util.h"
 #include "sbx.h"
 
@@ -161,6 +162,74 @@ static double bare_stdout(size_t len)
 	return mb_per_s(len, dt);
 }
 
+/* len bytes into `cat > /dev/null` through the daemon, written with sbx_proc_write in
+ * pieces of 256 KiB. */
+#define STDIN_PIECE (256u << 10)
+static const char STDIN_CMD[] = "cat > /dev/null";
+
+static double shim_stdin(struct sbx_client *c, size_t len)
+{
+	static char buf[STDIN_PIECE];
+	struct sbx_exec_opts eo = SBX_EXEC_OPTS_INIT;
+	eo.shell = STDIN_CMD;
+	struct sbx_error err;
+	struct sbx_proc *p;
+	uint64_t t0 = bench_now_ns();
+	if (sbx_exec_start(c, NULL, &eo, SBX_PROC_STDIN, &p, &err) < 0)
+		die_sbx("sbx_exec_start", &err);
+	for (size_t off = 0; off < len; off += sizeof(buf))
+		if (sbx_proc_write(p, buf, len - off < sizeof(buf) ? len - off : sizeof(buf), &err) < 0)
+			die_sbx("sbx_proc_write", &err);
+	struct sbx_exit ex = SBX_EXIT_INIT;
+	if (sbx_proc_close_stdin(p, &err) < 0 || sbx_proc_wait(p, &ex, &err) < 0)
+		die_sbx("sbx_proc_wait", &err);
+	uint64_t dt = bench_now_ns() - t0;
+	sbx_proc_free(p);
+	if (ex.exit_code != 0) {
+		fprintf(stderr, "bench_exec: %s exited %d\n", STDIN_CMD, ex.exit_code);
+		exit(1);
+	}
+	return mb_per_s(len, dt);
+}
+
+/* The same command spawned here, fed through a pipe of the default size. */
+static double bare_stdin(size_t len)
+{
+	static char buf[STDIN_PIECE];
+	char *argv[] = {"/bin/sh", "-c", (char *)STDIN_CMD, NULL};
+	int p[2];
+	if (pipe(p) < 0) {
+		perror("pipe");
+		exit(1);
+	}
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, p[0], 0);
+	posix_spawn_file_actions_addclose(&fa, p[1]);
+	uint64_t t0 = bench_now_ns();
+	pid_t pid;
+	if (posix_spawn(&pid, argv[0], &fa, NULL, argv, environ) != 0) {
+		perror("posix_spawn");
+		exit(1);
+	}
+	close(p[0]);
+	for (size_t off = 0; off < len; off += sizeof(buf))
+		if (bench_write_all(p[1], buf, len - off < sizeof(buf) ? len - off : sizeof(buf)) < 0) {
+			perror("bench_exec: write");
+			exit(1);
+		}
+	close(p[1]);
+	int st;
+	waitpid(pid, &st, 0);
+	uint64_t dt = bench_now_ns() - t0;
+	posix_spawn_file_actions_destroy(&fa);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "bench_exec: bare %s failed\n", STDIN_CMD);
+		exit(1);
+	}
+	return mb_per_s(len, dt);
+}
+
 struct sleeper {
 	struct sbx_client *c;
 	int rc;
@@ -240,6 +309,23 @@ int main(void)
 	printf("stdout throughput (10 MiB of head -c): through the shim %.0f MB/s, bare pipe %.0f MB/s, ratio %.2f "
 	       "(best of %d)\n",
 	       shim, bare, shim / bare, TRIES);
+
+	/* ---- 256 MiB of stdin ---- */
+	len = 256u << 20;
+	shim_stdin(c, len);
+	bare_stdin(len);
+	shim = bare = 0;
+	for (int t = 0; t < TRIES; t++) {
+		double r = shim_stdin(c, len);
+		if (r > shim)
+			shim = r;
+		r = bare_stdin(len);
+		if (r > bare)
+			bare = r;
+	}
+	printf("stdin throughput (256 MiB into %s, written in 256 KiB pieces): through the shim %.0f MB/s, bare "
+	       "pipe %.0f MB/s, ratio %.2f (best of %d)\n",
+	       STDIN_CMD, shim, bare, shim / bare, TRIES);
 
 	/* ---- 200 concurrent sleep 1 on one connection ---- */
 	static struct sleeper sl[CONCURRENT];
