@@ -51,6 +51,7 @@ struct wthread {
 	bool ending;          /* its job said it is about to return (worker_job_ending), or has
 			       * returned, and it has not yet gone back for the next one */
 	bool spin;            /* then: look for the next job for SPIN_NS before sleeping */
+	bool lazy;            /* and the loop was not woken for its job's done() (worker_main) */
 	unsigned long jobs;   /* jobs taken */
 	unsigned long mark;   /* jobs when the spell began (ULONG_MAX: not busy then) */
 	uint64_t mark_cpu_ns; /* its CPU time then */
@@ -72,8 +73,10 @@ static struct {
 	struct wthread *wthreads;
 	struct ev_loop *loop;
 	ev_async async;
-	ev_idle warm; /* starts the min_threads (warm_cb) */
-	unsigned own; /* threads of worker_run_own() running now */
+	ev_prepare prep; /* runs the done() of jobs the loop was not woken for (lazy) */
+	unsigned lazy;   /* such done()s waiting: written under mu, read by prep without it */
+	ev_idle warm;    /* starts the min_threads (warm_cb) */
+	unsigned own;    /* threads of worker_run_own() running now */
 } pool = {
 	.mu = PTHREAD_MUTEX_INITIALIZER,
 	.cv = PTHREAD_COND_INITIALIZER,
@@ -336,6 +339,18 @@ static void *worker_main(void *arg)
 			worker_spin_end(); /* (a job was there already, or the pool stops) */
 		}
 		self.spin = false;
+		if (self.lazy) {
+			/* A job queued now came from a loop that was awake for it, and it runs
+			 * the waiting done()s before it sleeps again (prep_cb); without one, the
+			 * loop is woken for them now. */
+			self.lazy = false;
+			if ((pool.queue == NULL || pool.stopping) &&
+			    __atomic_load_n(&pool.lazy, __ATOMIC_RELAXED) > 0) {
+				pthread_mutex_unlock(&pool.mu);
+				ev_async_send(pool.loop, &pool.async);
+				pthread_mutex_lock(&pool.mu);
+			}
+		}
 		while (pool.queue == NULL && !pool.stopping && !expired) {
 			pool.idle++;
 			if (pool.threads > pool.min_threads) {
@@ -387,10 +402,21 @@ static void *worker_main(void *arg)
 			self.ending = true;
 			pool.ending++;
 		}
+		/* A job whose reply went from here, on a thread about to spin for the next
+		 * call: the loop is not woken for its done() (on the client's CPU, at the
+		 * moment the reply wakes the client, it ran first: some 12 us of the
+		 * client's). The loop runs it before it next sleeps (prep_cb), after the next
+		 * call it is woken for; or it is woken when the spin ends without one. */
+		bool lazy = self.spin && !pool.stopping;
+		if (lazy) {
+			self.lazy = true;
+			__atomic_add_fetch(&pool.lazy, 1, __ATOMIC_RELAXED);
+		}
 		/* after the unlock: the loop's done_cb takes the lock, and woken while we
 		 * hold it, would only sleep again on it */
 		pthread_mutex_unlock(&pool.mu);
-		ev_async_send(pool.loop, &pool.async);
+		if (!lazy)
+			ev_async_send(pool.loop, &pool.async);
 		pthread_mutex_lock(&pool.mu);
 		/* ending until now: from here it takes a job or is idle, under this lock */
 		if (self.ending) {
@@ -445,6 +471,7 @@ static void done_cb(struct ev_loop *loop, ev_async *w, int revents)
 	struct work *list = pool.done;
 	pool.done = NULL;
 	pool.done_tail = &pool.done;
+	__atomic_store_n(&pool.lazy, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&pool.mu);
 	while (list != NULL) {
 		struct work *next = list->next;
@@ -452,6 +479,13 @@ static void done_cb(struct ev_loop *loop, ev_async *w, int revents)
 		list->done(list);
 		list = next;
 	}
+}
+
+static void prep_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)w;
+	if (__atomic_load_n(&pool.lazy, __ATOMIC_RELAXED) > 0)
+		done_cb(loop, &pool.async, revents);
 }
 
 static void warm_cb(struct ev_loop *loop, ev_idle *w, int revents)
@@ -492,7 +526,10 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 	pool.max_threads = max_threads < min_threads ? min_threads : max_threads;
 	ev_async_init(&pool.async, done_cb);
 	ev_async_start(loop, &pool.async);
-	/* the async watcher must not keep the loop alive on its own */
+	ev_prepare_init(&pool.prep, prep_cb);
+	ev_prepare_start(loop, &pool.prep);
+	/* the async and prepare watchers must not keep the loop alive on their own */
+	ev_unref(loop);
 	ev_unref(loop);
 	/* The threads kept ready are started once the loop has nothing else to do: after
 	 * the first client's HELLO has been answered, not before it (a thread's start is
@@ -649,6 +686,8 @@ void worker_shutdown(void)
 	if (pool.loop != NULL) {
 		ev_ref(pool.loop);
 		ev_async_stop(pool.loop, &pool.async);
+		ev_ref(pool.loop);
+		ev_prepare_stop(pool.loop, &pool.prep);
 		if (ev_is_active(&pool.warm)) {
 			ev_ref(pool.loop);
 			ev_idle_stop(pool.loop, &pool.warm);

@@ -374,6 +374,43 @@ START_TEST(test_chain_no_growth)
 }
 END_TEST
 
+static void safety_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	*(bool *)w->data = true;
+	ev_break(loop, EVBREAK_ONE);
+}
+
+START_TEST(test_ending_done_wakes_loop)
+{
+	/* A job whose reply went from its thread (worker_job_ending) does not wake the
+	 * loop for its done() at once (the thread spins for the next call first), but
+	 * the done() still comes to a loop that has nothing else to wake it: the loop
+	 * blocks in ev_run until then, and a 2 s timer says it never did. Where the
+	 * thread may not spin (one CPU, a quota), the loop is woken at once. */
+	static struct job j[20];
+	ck_assert_int_eq(worker_init(L, 1, 2), 0);
+	bool fired = false;
+	ev_timer safety;
+	ev_timer_init(&safety, safety_cb, 2.0, 0);
+	safety.data = &fired;
+	for (int i = 0; i < 20; i++) {
+		job_init(&j[i], false);
+		j[i].work.run = ending_run;
+		int before = dones;
+		worker_submit(&j[i].work);
+		ev_timer_start(L, &safety);
+		while (dones == before && !fired)
+			ev_run(L, EVRUN_ONCE);
+		ev_timer_stop(L, &safety);
+		ck_assert_msg(!fired, "job %d: its done() never came to the sleeping loop", i);
+		ck_assert_int_eq(j[i].dones, 1);
+		ck_assert(pthread_equal(j[i].done_thread, loop_thread));
+	}
+	ck_assert_uint_eq(worker_pending(), 0);
+}
+END_TEST
+
 START_TEST(test_max_threads_bound)
 {
 	/* at max_threads, with every thread stuck, a new job waits (no unbounded growth) */
@@ -571,6 +608,7 @@ static Suite *worker_suite(void)
 	tcase_add_test(tc, test_burst_no_growth);
 	tcase_add_test(tc, test_job_ending_no_growth);
 	tcase_add_test(tc, test_chain_no_growth);
+	tcase_add_test(tc, test_ending_done_wakes_loop);
 	tcase_add_test(tc, test_spinners_bounded);
 	suite_add_tcase(s, tc);
 	TCase *cg = tcase_create("cgroup");
