@@ -323,7 +323,7 @@ static void *worker_main(void *arg)
 	self.next = pool.wthreads;
 	pool.wthreads = &self;
 	for (;;) {
-		bool expired = false;
+		bool expired = false, caught = false;
 		if (self.spin && pool.queue == NULL && !pool.stopping) {
 			/* counted as idle: a job submitted now is for it (worker_submit) */
 			pool.idle++;
@@ -335,17 +335,18 @@ static void *worker_main(void *arg)
 			worker_spin_end();
 			pthread_mutex_lock(&pool.mu);
 			pool.idle--;
+			caught = pool.queue != NULL; /* submitted after its done() was queued */
 		} else if (self.spin) {
 			worker_spin_end(); /* (a job was there already, or the pool stops) */
 		}
 		self.spin = false;
 		if (self.lazy) {
-			/* A job queued now came from a loop that was awake for it, and it runs
-			 * the waiting done()s before it sleeps again (prep_cb); without one, the
-			 * loop is woken for them now. */
+			/* A job submitted during the spin came from a loop awake after the
+			 * done() was queued, which runs it before it sleeps again (prep_cb);
+			 * otherwise (no job, or one queued before that) the loop is woken for
+			 * it now. */
 			self.lazy = false;
-			if ((pool.queue == NULL || pool.stopping) &&
-			    __atomic_load_n(&pool.lazy, __ATOMIC_RELAXED) > 0) {
+			if (!caught && __atomic_load_n(&pool.lazy, __ATOMIC_RELAXED) > 0) {
 				pthread_mutex_unlock(&pool.mu);
 				ev_async_send(pool.loop, &pool.async);
 				pthread_mutex_lock(&pool.mu);

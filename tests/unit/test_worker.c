@@ -389,7 +389,7 @@ START_TEST(test_ending_done_wakes_loop)
 	 * blocks in ev_run until then, and a 2 s timer says it never did. Where the
 	 * thread may not spin (one CPU, a quota), the loop is woken at once. */
 	static struct job j[20];
-	ck_assert_int_eq(worker_init(L, 1, 2), 0);
+	ck_assert_int_eq(worker_init(L, 1, 1), 0);
 	bool fired = false;
 	ev_timer safety;
 	ev_timer_init(&safety, safety_cb, 2.0, 0);
@@ -408,6 +408,26 @@ START_TEST(test_ending_done_wakes_loop)
 		ck_assert(pthread_equal(j[i].done_thread, loop_thread));
 	}
 	ck_assert_uint_eq(worker_pending(), 0);
+
+	/* such a job with the next one queued before its done() was: the loop is woken
+	 * for the done() all the same, not left to wait for the next job's end */
+	static struct job quick, slow;
+	job_init(&quick, false);
+	quick.work.run = ending_run;
+	job_init(&slow, true);
+	int before = dones;
+	worker_submit(&quick.work);
+	worker_submit(&slow.work); /* (one thread: it waits behind quick) */
+	ev_timer_start(L, &safety);
+	while (dones == before && !fired)
+		ev_run(L, EVRUN_ONCE);
+	ev_timer_stop(L, &safety);
+	ck_assert_msg(!fired, "the done() waited for the job behind it");
+	ck_assert_int_eq(quick.dones, 1);
+	ck_assert_int_eq(slow.dones, 0);
+	release_blocked();
+	pump_until_dones(before + 2, WAIT_MS);
+	ck_assert_int_eq(slow.dones, 1);
 }
 END_TEST
 
