@@ -74,6 +74,7 @@ static struct {
 	struct ev_loop *loop;
 	ev_async async;
 	ev_prepare prep; /* runs the done() of jobs the loop was not woken for (lazy) */
+	ev_idle again;   /* then one more turn of the loop before it sleeps (again_cb) */
 	unsigned lazy;   /* such done()s waiting: written under mu, read by prep without it */
 	ev_idle warm;    /* starts the min_threads (warm_cb) */
 	unsigned own;    /* threads of worker_run_own() running now */
@@ -482,11 +483,24 @@ static void done_cb(struct ev_loop *loop, ev_async *w, int revents)
 	}
 }
 
+static void again_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	ev_idle_stop(loop, w);
+}
+
+/* The done()s ran here come after the loop's other prepare watchers may have looked
+ * (the server's, which ends the loop once the last connection is gone) and just
+ * before it would block: an idle watcher makes that poll return at once, so the loop
+ * turns once more, as it would have for the ev_async, only without the wake-up. */
 static void prep_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	(void)w;
-	if (__atomic_load_n(&pool.lazy, __ATOMIC_RELAXED) > 0)
-		done_cb(loop, &pool.async, revents);
+	if (__atomic_load_n(&pool.lazy, __ATOMIC_RELAXED) == 0)
+		return;
+	done_cb(loop, &pool.async, revents);
+	if (!ev_is_active(&pool.again))
+		ev_idle_start(loop, &pool.again);
 }
 
 static void warm_cb(struct ev_loop *loop, ev_idle *w, int revents)
@@ -528,6 +542,7 @@ int worker_init(struct ev_loop *loop, unsigned min_threads, unsigned max_threads
 	ev_async_init(&pool.async, done_cb);
 	ev_async_start(loop, &pool.async);
 	ev_prepare_init(&pool.prep, prep_cb);
+	ev_idle_init(&pool.again, again_cb);
 	ev_prepare_start(loop, &pool.prep);
 	/* the async and prepare watchers must not keep the loop alive on their own */
 	ev_unref(loop);
@@ -689,6 +704,7 @@ void worker_shutdown(void)
 		ev_async_stop(pool.loop, &pool.async);
 		ev_ref(pool.loop);
 		ev_prepare_stop(pool.loop, &pool.prep);
+		ev_idle_stop(pool.loop, &pool.again);
 		if (ev_is_active(&pool.warm)) {
 			ev_ref(pool.loop);
 			ev_idle_stop(pool.loop, &pool.warm);

@@ -62,7 +62,7 @@ static void job_run(struct work *w)
 {
 	struct job *j = container_of(w, struct job, work);
 	j->run_thread = pthread_self();
-	j->runs++;
+	__atomic_add_fetch(&j->runs, 1, __ATOMIC_RELEASE);
 	if (!j->blocking)
 		return;
 	pthread_mutex_lock(&mu);
@@ -408,6 +408,28 @@ START_TEST(test_ending_done_wakes_loop)
 		ck_assert(pthread_equal(j[i].done_thread, loop_thread));
 	}
 	ck_assert_uint_eq(worker_pending(), 0);
+
+	/* the loop's next turn comes while the thread still spins (the done() runs in
+	 * its prepare watcher): the loop must not then sleep as if nothing had happened
+	 * (ev_run returns: one more turn without blocking) */
+	for (int i = 0; i < 20; i++) {
+		job_init(&j[i], false);
+		j[i].work.run = ending_run;
+		int before = dones;
+		worker_submit(&j[i].work);
+		while (__atomic_load_n(&j[i].runs, __ATOMIC_ACQUIRE) == 0)
+			;
+		/* into the thread's 40 us spin, past its done() being queued (a test that
+		 * lands elsewhere only tests less) */
+		uint64_t t = mono_ns() + 10000;
+		while (mono_ns() < t)
+			;
+		ev_timer_start(L, &safety);
+		while (dones == before && !fired)
+			ev_run(L, EVRUN_ONCE);
+		ev_timer_stop(L, &safety);
+		ck_assert_msg(!fired, "job %d: the loop slept after running its done()", i);
+	}
 
 	/* such a job with the next one queued before its done() was: the loop is woken
 	 * for the done() all the same, not left to wait for the next job's end */
