@@ -489,7 +489,7 @@ static void again_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	ev_idle_stop(loop, w);
 }
 
-/* The done()s ran here come after the loop's other prepare watchers may have looked
+/* The done()s run here come after the loop's other prepare watchers may have looked
  * (the server's, which ends the loop once the last connection is gone) and just
  * before it would block: an idle watcher makes that poll return at once, so the loop
  * turns once more, as it would have for the ev_async, only without the wake-up. */
