@@ -379,13 +379,15 @@ static int case_vanish(void)
 		send_stats(fd, 1, 100, "/", false);
 		close(fd);
 	}
-	/* the daemon has seen every connection go when it counts only ours */
+	/* the daemon has seen every connection go when it counts only ours; fds0 may
+	 * include an fd open for a moment just after the first call (CI's ASan run saw 14
+	 * then, 13 for good), hence no more than before */
 	uint64_t deadline = it_now_ms() + 10000;
 	for (;;) {
 		struct sbx_info in = SBX_INFO_INIT;
 		struct sbx_error err;
 		CHECK_SBX(sbx_info(c, NULL, &in, &err), &err);
-		if (in.connections == 1 && in.streams == 1 && it_count_fds(d->pid) == fds0)
+		if (in.connections == 1 && in.streams == 1 && it_count_fds(d->pid) <= fds0)
 			break;
 		CHECKF(it_now_ms() < deadline, "%u connections, %u streams, %u fds (%u before)", in.connections,
 		       in.streams, it_count_fds(d->pid), fds0);
